@@ -1,0 +1,176 @@
+"""Load config files and --key=value overrides into a validated Config."""
+
+import difflib
+import os
+import runpy
+import sys
+import traceback
+import types
+import typing
+from dataclasses import MISSING, asdict, fields
+
+from configure.schema import Config
+from model import GPTConfig
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HINTS = typing.get_type_hints(Config)
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def closest(word, choices):
+    match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.5)
+    return f"; did you mean {match[0]!r}?" if match else ""
+
+
+def type_name(hint):
+    if typing.get_origin(hint) is typing.Literal:
+        return ' | '.join(repr(a) for a in typing.get_args(hint))
+    if typing.get_origin(hint) in (types.UnionType, typing.Union):
+        return ' | '.join(type_name(a) for a in typing.get_args(hint))
+    if typing.get_origin(hint) is tuple:
+        return 'tuple of int (e.g. 0,1,4)'
+    return 'None' if hint is type(None) else hint.__name__
+
+
+def coerce(key, value, hint):
+    """Check a Python value against the field's type; return it normalised (list -> tuple, int -> float)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return coerce(key, value, arg)
+            except ConfigError as e:
+                errors.append(e)
+        raise errors[0]
+    if origin is typing.Literal:
+        if value in args:
+            return value
+        raise ConfigError(f"{key}={value!r} is not one of {type_name(hint)}{closest(str(value), map(str, args))}")
+    if origin is tuple:
+        if isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            return tuple(value)
+    elif hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif isinstance(value, hint):
+        return value
+    raise ConfigError(f"{key} expects {type_name(hint)}, got {type(value).__name__} {value!r}")
+
+
+def parse(key, text, hint):
+    """Turn the text of a --key=value override into a value of the field's type."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union):
+        if type(None) in args and text in ('None', 'none', 'null'):
+            return None
+        hint = next(a for a in args if a is not type(None))
+        origin, args = typing.get_origin(hint), typing.get_args(hint)
+    try:
+        if hint is bool:
+            lowered = text.lower()
+            if lowered not in ('true', 'false', '1', '0', 'yes', 'no'):
+                raise ValueError
+            return lowered in ('true', '1', 'yes')
+        if hint is int:
+            return int(text)
+        if hint is float:
+            return float(text)
+        if origin is tuple:
+            items = text.strip('()[] ').replace(',', ' ').split()
+            return tuple(int(t) for t in items)
+    except ValueError:
+        raise ConfigError(f"--{key}={text}: {key} expects {type_name(hint)}") from None
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in '\'"':
+        text = text[1:-1]
+    return coerce(key, text, hint)
+
+
+def check_key(key, where):
+    if key not in HINTS:
+        raise ConfigError(f"unknown config key {key!r} in {where}{closest(key, HINTS)}"
+                          f" (all keys: python train.py --help)")
+
+
+def run_file(path, values):
+    """Run a config file with the current values as globals; return the keys it set."""
+    if not os.path.isfile(path):
+        folder = os.path.dirname(path) or '.'
+        near = [os.path.join(os.path.dirname(path), f) for f in os.listdir(folder)
+                if f.endswith('.py')] if os.path.isdir(folder) else []
+        raise ConfigError(f"config file {path!r} not found{closest(path, near)}")
+    if ROOT not in sys.path:  # lets config files import shared settings: from config.x import *
+        sys.path.insert(0, ROOT)
+    try:
+        result = runpy.run_path(path, init_globals=dict(values))
+    except SyntaxError as e:
+        raise ConfigError(f"{path}:{e.lineno}: syntax error: {e.msg}\n    {(e.text or '').strip()}") from None
+    except Exception as e:
+        frames = [f for f in traceback.extract_tb(e.__traceback__)
+                  if os.path.abspath(f.filename) == os.path.abspath(path)]
+        line = f":{frames[-1].lineno}" if frames else ""
+        raise ConfigError(f"{path}{line}: {type(e).__name__}: {e}") from None
+    updates = {}
+    for key, value in result.items():
+        if key.startswith('_') or isinstance(value, types.ModuleType) or callable(value):
+            continue
+        check_key(key, path)
+        if key not in values or value is not values[key]:
+            try:
+                updates[key] = coerce(key, value, HINTS[key])
+            except ConfigError as e:
+                raise ConfigError(f"{path}: {e}") from None
+    return updates
+
+
+def build(values):
+    try:
+        return Config(**values)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def load(argv):
+    """Config from a list of config-file paths and --key=value overrides, applied left to right."""
+    values = {f.name: f.default for f in fields(Config) if f.default is not MISSING}
+    for arg in argv:
+        if arg.startswith('--'):
+            key, eq, text = arg[2:].partition('=')
+            if not eq:
+                raise ConfigError(f"override {arg!r} has no value; write --{key}=VALUE")
+            check_key(key, f"override {arg!r}")
+            values[key] = parse(key, text, HINTS[key])
+        elif '=' in arg and not os.path.exists(arg):
+            raise ConfigError(f"{arg!r} is neither a config file nor an override; did you mean --{arg}?")
+        else:
+            values.update(run_file(arg, values))
+    return build(values)
+
+
+def from_dict(data):
+    """Config from plain data (a checkpoint's JSON), checked like a config file."""
+    values = {}
+    for key, value in data.items():
+        check_key(key, 'saved config')
+        values[key] = coerce(key, value, HINTS[key])
+    return build(values)
+
+
+def model_config(cfg):
+    """The GPTConfig part of a Config."""
+    return GPTConfig(**{f.name: getattr(cfg, f.name) for f in fields(GPTConfig)})
+
+
+def usage():
+    lines = ["usage: python train.py [CONFIG_FILE ...] [--key=value ...]", "", "keys (default):"]
+    defaults = asdict(Config())
+    lines += [f"  {k:<28} {type_name(h):<40} {defaults[k]!r}" for k, h in HINTS.items()]
+    return '\n'.join(lines)

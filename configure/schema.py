@@ -1,0 +1,56 @@
+"""Every key a config file or a --key=value override may set, with its type and default.
+
+Model keys are inherited from model.GPTConfig; the keys below drive train.py.
+"""
+
+from dataclasses import dataclass
+from typing import Literal
+
+from model import GPTConfig
+
+
+@dataclass
+class Config(GPTConfig):
+    # output, evaluation, logging
+    out_dir: str = 'out'
+    init_from: Literal['scratch', 'resume'] = 'scratch'  # 'resume': continue from out_dir/ckpt.pt
+    eval_interval: int = 250  # iterations between evaluations (and checkpoints)
+    eval_iters: int = 200  # batches per split per evaluation
+    eval_only: bool = False  # evaluate once and exit
+    log_interval: int = 10  # iterations between log lines
+    wandb_log: bool = False  # offline mode when no WANDB_API_KEY is set
+    wandb_project: str = 'orthogpt'
+    wandb_run_name: str | None = None
+    # data
+    dataset: str = 'shakespeare_char'
+    data_dir: str | None = None  # default: data/<dataset>
+    batch_size: int = 12  # sequences per micro-step, per process
+    gradient_accumulation_steps: int = 1  # micro-steps per optimizer step summed over all processes
+    # AdamW and learning-rate schedule (linear warmup, cosine decay to min_lr)
+    learning_rate: float = 6e-4
+    max_iters: int = 5000
+    weight_decay: float = 0.1  # on matrices and embeddings only
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0  # max global gradient norm; 0 disables
+    decay_lr: bool = True
+    warmup_iters: int = 100
+    lr_decay_iters: int | None = None  # default: max_iters
+    min_lr: float | None = None  # default: learning_rate / 10
+    # system
+    device: str = 'auto'  # 'auto' (cuda when available), 'cpu', 'cuda', 'cuda:N', 'mps'
+    dtype: Literal['auto', 'float32', 'bfloat16', 'float16'] = 'auto'  # auto: bf16/fp16 on CUDA, fp32 elsewhere
+    compile: bool | None = None  # torch.compile; default: on for CUDA only
+    seed: int = 1337
+
+    def __post_init__(self):
+        super().__post_init__()
+        for key in ('batch_size', 'gradient_accumulation_steps', 'eval_interval', 'eval_iters',
+                    'log_interval', 'block_size', 'n_layer', 'n_embd', 'n_head', 'vocab_size'):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key}={getattr(self, key)} must be at least 1")
+        for key in ('max_iters', 'warmup_iters', 'learning_rate', 'weight_decay', 'grad_clip', 'dropout'):
+            if getattr(self, key) < 0:
+                raise ValueError(f"{key}={getattr(self, key)} must not be negative")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout={self.dropout} must lie in [0, 1)")

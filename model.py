@@ -1,0 +1,375 @@
+"""OrthoGPT model: transformer blocks whose residual update is pluggable.
+
+Read top to bottom:
+  1. configs            BlockConfig (what a Block needs), GPTConfig
+  2. residual updates   forward(x, u) -> x_next; additive, orthogonal, rotation
+  3. orthogonal Q/K/V   the Cayley and exp maps of O-ViT, as torch parametrizations
+  4. Block              norm -> attention -> update, norm -> MLP -> update
+  5. GPT                token + position embeddings, blocks, head
+
+The papers are in ../shared/papers/ (see DESIGN.md):
+  [Oh]  orthogonal-residual-update_oh2025.txt   (orthogonal update)
+  [OT]  orthogonal-transformer-rotation.txt     (rotation update, sigma init)
+  [OViT] o-vit-cayley-qkv_fei2022.txt           (Cayley / exp Q, K, V)
+"""
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.utils import parametrize
+
+
+# ----------------------------------------------------------------------------- 1. configs
+
+@dataclass
+class BlockConfig:
+    """Everything a Block needs; shared by every model built from Blocks."""
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0
+    bias: bool = False  # bias in Linear layers and LayerNorm
+    norm: Literal['layernorm', 'rmsnorm'] = 'layernorm'  # pre-norm type (unused by rotation)
+    activation: Literal['gelu', 'relu'] = 'gelu'
+    residual: Literal['additive', 'orthogonal', 'rotation'] = 'additive'
+    ortho_mode: Literal['feature', 'global'] = 'feature'  # [Oh] Alg. 1 / Alg. 2
+    ortho_eps: float = 1e-6  # [Oh] Eq. 3, Sec. 4.6
+    ortho_prob: float = 1.0  # [Oh] Sec. 4.4: probability that a connection is orthogonal
+    ortho_layers: tuple[int, ...] | None = None  # [Oh] Sec. 4.5: block indices; None = all
+    qkv: Literal['dense', 'cayley', 'exp'] = 'dense'  # [OViT] Sec. 3
+    init: Literal['gpt2', 'sigma'] = 'gpt2'  # 'sigma': [OT] "Experiments"
+    sigma_w: float = 0.5  # 'sigma' init: std of V, out-proj and MLP weights is sigma_w/sqrt(d)
+    sigma_qk: float = 1.0  # 'sigma' init: std of Q and K weights is sigma_qk/sqrt(d)
+
+    def __post_init__(self):
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; "
+                             f"choose n_head among {[h for h in range(1, 17) if self.n_embd % h == 0]}")
+        if not 0.0 <= self.ortho_prob <= 1.0:
+            raise ValueError(f"ortho_prob={self.ortho_prob} must lie in [0, 1]")
+        if self.ortho_layers is not None:
+            bad = [i for i in self.ortho_layers if not 0 <= i < self.n_layer]
+            if bad:
+                raise ValueError(f"ortho_layers {bad} out of range for n_layer={self.n_layer} "
+                                 f"(valid block indices: 0..{self.n_layer - 1})")
+
+
+@dataclass
+class GPTConfig(BlockConfig):
+    block_size: int = 1024
+    vocab_size: int = 50304  # GPT-2's 50257 padded to a multiple of 64
+    tie_weights: bool = True  # share wte and lm_head (GPT-2)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.init == 'sigma' and self.tie_weights:
+            raise ValueError("init='sigma' needs tie_weights=False: its unit-variance token embeddings "
+                             "would make a tied output head emit logits of std ~sqrt(n_embd)")
+
+
+# ----------------------------------------------------------------------------- 2. residual updates
+
+class ResidualUpdate(nn.Module):
+    """Interface of every update rule: forward(x, u) -> x_next.
+
+    x is the residual stream, u the branch output (attention or MLP), both (..., d).
+    keeps_norm = True declares that the rule keeps ||x|| fixed; the model then needs
+    no norms in its blocks (see GPT).
+    """
+    keeps_norm = False
+
+
+class AdditiveUpdate(ResidualUpdate):
+    """x_next = x + u: the standard residual connection ([OT] Eq. 2)."""
+
+    def forward(self, x, u):
+        return x + u
+
+
+class OrthogonalUpdate(ResidualUpdate):
+    """x_next = x + u - s x,  s = <x, u> / (||x||^2 + eps)          [Oh] Sec. 3.2, Eq. 3-4.
+
+    u - s x is the part of u orthogonal to x (up to eps); s is computed in float32 ([Oh] App. F).
+    mode='feature' ([Oh] Alg. 1): one s per token, over the hidden dimension.
+    mode='global'  ([Oh] Alg. 2): one s per sample, over all tokens and features, x of shape
+      (B, T, d). A plain global s in a causal model would let position t see positions > t, so
+      with causal=True s_t uses prefix sums over positions <= t (at t = T-1 it is the paper's s).
+    prob ([Oh] Sec. 4.4): in training each sample's connection is orthogonal with probability
+      prob and additive otherwise (drawn per sample, per connection, per step, like drop-path);
+      in eval the expected update x + u - prob s x is used, as dropout rescales.
+    """
+
+    def __init__(self, mode='feature', eps=1e-6, prob=1.0, causal=False):
+        super().__init__()
+        if mode not in ('feature', 'global'):
+            raise ValueError(f"unknown ortho_mode {mode!r}; use 'feature' or 'global'")
+        self.mode, self.eps, self.prob, self.causal = mode, eps, prob, causal
+
+    def scale(self, x, u):
+        """s in float32, broadcastable against x."""
+        x, u = x.float(), u.float()
+        dot, sq = (x * u).sum(-1, keepdim=True), (x * x).sum(-1, keepdim=True)  # (B, T, 1)
+        if self.mode == 'global':
+            if self.causal:
+                dot, sq = dot.cumsum(-2), sq.cumsum(-2)
+            else:
+                dot, sq = dot.sum(-2, keepdim=True), sq.sum(-2, keepdim=True)  # (B, 1, 1)
+        return dot / (sq + self.eps)
+
+    def forward(self, x, u):
+        s = self.scale(x, u)
+        if self.prob < 1.0:
+            if self.training:
+                keep = torch.rand((s.shape[0],) + (1,) * (s.dim() - 1), device=s.device) < self.prob
+                s = s * keep
+            else:
+                s = s * self.prob
+        xf = x.float()
+        return (xf + u.float() - s * xf).to(x.dtype)
+
+    def extra_repr(self):
+        return f"mode={self.mode}, eps={self.eps}, prob={self.prob}, causal={self.causal}"
+
+
+class RotationUpdate(ResidualUpdate):
+    """Rotate x in the plane of (x, u): the Orthogonal Transformer ([OT] "Implementation").
+
+        u_perp = u - (<x, u> / ||x||^2) x,   theta = ||u_perp|| / sqrt(d),
+        x_next = x cos(theta) + u_perp sin(theta) / theta                    ([OT] Eq. 8)
+
+    i.e. exp(B) x with the bivector B = x^u ([OT] Eq. 4-6), so ||x_next|| = ||x||. Computed in
+    float32. The paper swaps in x + u_perp below a threshold to avoid 0/0; we evaluate cos and
+    sin/theta by their Taylor series for theta < 1e-2 instead (selected with torch.where, no
+    Python branch, no host sync). There the series equal the functions to float32 rounding, so
+    the rule is the same, tends to x + u_perp as theta -> 0, keeps the norm exact, and its
+    gradient is finite at u_perp = 0.
+    """
+    keeps_norm = True
+    small_angle = 1e-2
+
+    def forward(self, x, u):
+        xf, uf = x.float(), u.float()
+        u_perp = uf - (xf * uf).sum(-1, keepdim=True) / (xf * xf).sum(-1, keepdim=True) * xf
+        theta2 = (u_perp * u_perp).sum(-1, keepdim=True) / x.shape[-1]  # (..., 1)
+        small = theta2 < self.small_angle ** 2
+        theta = theta2.clamp_min(self.small_angle ** 2).sqrt()  # safe where unused
+        cos = torch.where(small, 1 - theta2 / 2, torch.cos(theta))
+        sinc = torch.where(small, 1 - theta2 / 6, torch.sin(theta) / theta)
+        return (xf * cos + u_perp * sinc).to(x.dtype)
+
+
+RESIDUALS = {'additive': AdditiveUpdate, 'orthogonal': OrthogonalUpdate, 'rotation': RotationUpdate}
+
+
+def make_update(cfg, layer, causal):
+    """The update rule of block `layer`: ortho_layers / ortho_prob=0 leave a block additive."""
+    if cfg.residual == 'orthogonal':
+        if cfg.ortho_prob == 0 or (cfg.ortho_layers is not None and layer not in cfg.ortho_layers):
+            return AdditiveUpdate()
+        return OrthogonalUpdate(cfg.ortho_mode, cfg.ortho_eps, cfg.ortho_prob, causal)
+    return RESIDUALS[cfg.residual]()
+
+
+# ----------------------------------------------------------------------------- 3. orthogonal Q/K/V
+
+class OrthogonalQKV(nn.Module):
+    """Maps a raw (3d, d) weight to three stacked orthogonal d x d matrices ([OViT] Alg. 1-2).
+
+    Per matrix: A = W - W^T (skew-symmetric, [OViT] Alg. 2 line 1), then
+      cayley: h(A) = 2 (I + A)^-1 - I = (I + A)^-1 (I - A)   ([OViT] Eq. 11), via one solve;
+      exp:    exp(A), the matrix exponential ([OViT] Sec. 3.2, the Exp-ViT comparison).
+    The three maps run as one batched float32 call per forward (autocast off).
+
+    Registered with torch.nn.utils.parametrize, so `c_attn.weight` is the orthogonal stack, the
+    optimizer sees the raw W (O-ViT Sec. 3.3: plain Adam on Euclidean W). We do not use
+    torch.nn.utils.parametrizations.orthogonal: its Cayley map is (I - A'/2)^-1 (I + A'/2) = h(-A'/2)
+    with A' built from the lower triangle of W, and by default it is left-multiplied by a fixed
+    orthogonal `base` (dynamic trivialization). That reaches the same matrices through other
+    coordinates, hence other gradient steps; this class keeps the paper's.
+    """
+
+    def __init__(self, kind):
+        super().__init__()
+        if kind not in ('cayley', 'exp'):
+            raise ValueError(f"unknown orthogonal map {kind!r}; use 'cayley' or 'exp'")
+        self.kind = kind
+
+    def forward(self, w):  # w: (3d, d)
+        d = w.shape[1]
+        with torch.autocast(w.device.type, enabled=False):
+            a = w.float().view(-1, d, d)
+            a = a - a.mT  # (3, d, d)
+            if self.kind == 'cayley':
+                eye = torch.eye(d, device=w.device)
+                q = torch.linalg.solve(eye + a, eye - a)
+            else:
+                q = torch.linalg.matrix_exp(a)
+        return q.reshape(-1, d).to(w.dtype)
+
+    def extra_repr(self):
+        return self.kind
+
+
+def raw_weight(linear):
+    """The trainable weight of a Linear: the raw W under a parametrization, else .weight."""
+    if parametrize.is_parametrized(linear, 'weight'):
+        return linear.parametrizations.weight.original
+    return linear.weight
+
+
+# ----------------------------------------------------------------------------- 4. Block
+
+def make_norm(cfg, keeps_norm):
+    if keeps_norm:  # [OT] "Experiments": the stream is already on the sphere
+        return nn.Identity()
+    if cfg.norm == 'rmsnorm':
+        return nn.RMSNorm(cfg.n_embd)
+    return nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention; `causal` is set by the model that builds the Block."""
+
+    def __init__(self, cfg, causal):
+        super().__init__()
+        self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
+        if cfg.qkv != 'dense':
+            parametrize.register_parametrization(self.c_attn, 'weight', OrthogonalQKV(cfg.qkv))
+        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.resid_dropout = nn.Dropout(cfg.dropout)
+        self.n_head, self.dropout, self.causal = cfg.n_head, cfg.dropout, causal
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0,
+                                           is_causal=self.causal)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
+        self.act = nn.ReLU() if cfg.activation == 'relu' else nn.GELU()
+        self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(self.act(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    """x <- update(x, attn(norm(x))); x <- update(x, mlp(norm(x)))."""
+
+    def __init__(self, cfg, layer, causal):
+        super().__init__()
+        keeps_norm = RESIDUALS[cfg.residual].keeps_norm
+        self.ln_1 = make_norm(cfg, keeps_norm)
+        self.attn = SelfAttention(cfg, causal)
+        self.update_attn = make_update(cfg, layer, causal)
+        self.ln_2 = make_norm(cfg, keeps_norm)
+        self.mlp = MLP(cfg)
+        self.update_mlp = make_update(cfg, layer, causal)
+
+    def forward(self, x):  # (B, T, C)
+        x = self.update_attn(x, self.attn(self.ln_1(x)))
+        x = self.update_mlp(x, self.mlp(self.ln_2(x)))
+        return x
+
+    @torch.no_grad()
+    def init_weights(self, cfg):
+        """'gpt2': N(0, 0.02), output projections N(0, 0.02/sqrt(2 n_layer)) (GPT-2 paper).
+        'sigma' ([OT] "Experiments"): Q, K ~ N(0, sigma_qk^2/d); V, attention out-proj and the
+        MLP's first matrix ~ N(0, sigma_w^2/d); the MLP's second ~ N(0, 2 sigma_w^2/(4d)), the 2
+        compensating ReLU's halving of the variance. Under a Cayley/exp map this initialises
+        the raw W the map reads."""
+        d = cfg.n_embd
+        for lin in (self.attn.c_attn, self.attn.c_proj, self.mlp.c_fc, self.mlp.c_proj):
+            if lin.bias is not None:
+                lin.bias.zero_()
+        qkv = raw_weight(self.attn.c_attn)
+        if cfg.init == 'gpt2':
+            for w in (qkv, self.mlp.c_fc.weight):
+                w.normal_(0.0, 0.02)
+            for w in (self.attn.c_proj.weight, self.mlp.c_proj.weight):
+                w.normal_(0.0, 0.02 / math.sqrt(2 * cfg.n_layer))
+        else:
+            qkv[:2 * d].normal_(0.0, cfg.sigma_qk / math.sqrt(d))
+            qkv[2 * d:].normal_(0.0, cfg.sigma_w / math.sqrt(d))
+            self.attn.c_proj.weight.normal_(0.0, cfg.sigma_w / math.sqrt(d))
+            self.mlp.c_fc.weight.normal_(0.0, cfg.sigma_w / math.sqrt(d))
+            self.mlp.c_proj.weight.normal_(0.0, cfg.sigma_w * math.sqrt(2 / (4 * d)))
+
+
+# ----------------------------------------------------------------------------- 5. GPT
+
+class GPT(nn.Module):
+    """Causal language model. With a norm-keeping rule (rotation) it is the Orthogonal
+    Transformer of [OT] "Experiments": one RMSNorm without weights after the embeddings,
+    no norm inside the blocks and no final norm, so every block sees ||x|| = sqrt(n_embd)."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        d = config.n_embd
+        keeps_norm = RESIDUALS[config.residual].keeps_norm
+        self.wte = nn.Embedding(config.vocab_size, d)
+        self.wpe = nn.Embedding(config.block_size, d)
+        self.drop = nn.Dropout(config.dropout)
+        self.ln_emb = nn.RMSNorm(d, elementwise_affine=False) if keeps_norm else nn.Identity()
+        self.blocks = nn.ModuleList([Block(config, i, causal=True) for i in range(config.n_layer)])
+        self.ln_f = make_norm(config, keeps_norm)
+        self.lm_head = nn.Linear(d, config.vocab_size, bias=False)
+        if config.tie_weights:
+            self.wte.weight = self.lm_head.weight
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self):
+        cfg = self.config
+        self.lm_head.weight.normal_(0.0, 0.02)
+        if not cfg.tie_weights:  # 'sigma': unit-variance token embeddings ([OT] "Experiments")
+            self.wte.weight.normal_(0.0, 1.0 if cfg.init == 'sigma' else 0.02)
+        self.wpe.weight.normal_(0.0, 0.02)
+        for block in self.blocks:
+            block.init_weights(cfg)
+
+    def num_params(self, non_embedding=True):
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.wpe.weight.numel() if non_embedding else n
+
+    def forward(self, idx, targets=None):
+        """idx (B, T) token ids -> logits (B, T, vocab), and the mean cross-entropy if targets
+        (B, T) are given (-1 marks positions to ignore)."""
+        B, T = idx.shape
+        if T > self.config.block_size:
+            raise ValueError(f"sequence of length {T} exceeds block_size={self.config.block_size}")
+        pos = torch.arange(T, device=idx.device)
+        x = self.ln_emb(self.drop(self.wte(idx) + self.wpe(pos)))  # (B, T, C)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.lm_head(self.ln_f(x))  # (B, T, vocab)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+        return logits, loss
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None):
+        """Append max_new_tokens sampled tokens to idx (B, T); the context is cropped to block_size."""
+        for _ in range(max_new_tokens):
+            logits, _ = self(idx[:, -self.config.block_size:])
+            logits = logits[:, -1, :].float() / max(temperature, 1e-8)
+            if top_k is not None:
+                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                logits[logits < v[:, [-1]]] = -float('inf')
+            probs = F.softmax(logits, dim=-1)
+            idx = torch.cat((idx, torch.multinomial(probs, 1, generator=generator)), dim=1)
+        return idx

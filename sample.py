@@ -1,0 +1,86 @@
+"""Sample text from a trained checkpoint.
+
+    python sample.py --out_dir=out-shakespeare-rot-cpu --start="ROMEO:" --num_samples=3
+    python sample.py --out_dir=out-shakespeare-rot --start=FILE:prompt.txt --temperature=0.8
+
+Decodes with the character vocabulary saved in the checkpoint, or GPT-2 BPE (tiktoken) for
+checkpoints trained on BPE tokens. The context is cropped to the model's block_size.
+"""
+
+import argparse
+import os
+import sys
+
+import torch
+
+import checkpoint
+import configure
+from model import GPT
+
+
+def make_codec(meta):
+    """(encode, decode) for the checkpoint's vocabulary."""
+    if meta is None:
+        import tiktoken
+        enc = tiktoken.get_encoding('gpt2')
+        return (lambda s: enc.encode(s, allowed_special={'<|endoftext|>'})), enc.decode
+    stoi, itos = meta['stoi'], meta['itos']
+
+    def encode(s):
+        unknown = sorted(set(s) - set(stoi))
+        if unknown:
+            raise ValueError(f"the prompt has characters outside the model's vocabulary: "
+                             f"{', '.join(repr(c) for c in unknown)}; the model knows {''.join(itos)!r}")
+        return [stoi[c] for c in s]
+    return encode, lambda ids: ''.join(itos[i] for i in ids)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('--out_dir', default='out', help='folder with the checkpoint')
+    p.add_argument('--ckpt', default=None, help='file in out_dir (default: best.pt, else ckpt.pt)')
+    p.add_argument('--start', default='\n', help='prompt text, or FILE:path to read it from a file')
+    p.add_argument('--num_samples', type=int, default=3)
+    p.add_argument('--max_new_tokens', type=int, default=500)
+    p.add_argument('--temperature', type=float, default=0.8)
+    p.add_argument('--top_k', type=int, default=200)
+    p.add_argument('--seed', type=int, default=1337)
+    p.add_argument('--device', default='auto', help="'auto', 'cpu', 'cuda', 'cuda:N'")
+    args = p.parse_args(argv)
+
+    name = args.ckpt or ('best.pt' if os.path.exists(os.path.join(args.out_dir, 'best.pt')) else 'ckpt.pt')
+    device = args.device if args.device != 'auto' else ('cuda' if torch.cuda.is_available() else 'cpu')
+    if device.startswith('cuda') and not torch.cuda.is_available():
+        sys.exit(f"error: --device={device} but no CUDA GPU is visible; use --device=cpu")
+    try:
+        ckpt = checkpoint.load(os.path.join(args.out_dir, name), map_location=device)
+        cfg = configure.from_dict(ckpt['config'])
+    except (checkpoint.CheckpointError, configure.ConfigError) as e:
+        sys.exit(f"error: {e}")
+    model = GPT(configure.model_config(cfg))
+    model.load_state_dict(ckpt['model'])
+    model.eval().to(device)
+
+    prompt = args.start
+    if prompt.startswith('FILE:'):
+        with open(prompt[5:], encoding='utf-8') as f:
+            prompt = f.read()
+    if not prompt:
+        sys.exit("error: the prompt is empty; pass --start=TEXT")
+    encode, decode = make_codec(ckpt.get('meta'))
+    try:
+        ids = encode(prompt)
+    except ValueError as e:
+        sys.exit(f"error: {e}")
+    x = torch.tensor(ids, dtype=torch.long, device=device)[None]
+    generator = torch.Generator(device=device).manual_seed(args.seed)
+    autocast = torch.autocast('cuda', dtype=torch.bfloat16) if device.startswith('cuda') else torch.autocast('cpu', enabled=False)
+    with autocast:
+        for _ in range(args.num_samples):
+            y = model.generate(x, args.max_new_tokens, args.temperature, args.top_k, generator=generator)
+            print(decode(y[0].tolist()))
+            print('---------------')
+
+
+if __name__ == '__main__':
+    main()
