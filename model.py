@@ -128,8 +128,7 @@ class OrthogonalUpdate(ResidualUpdate):
                 s = s * keep
             else:
                 s = s * self.prob
-        xf = x.float()
-        return (xf + u.float() - s * xf).to(x.dtype)
+        return torch.addcmul(u.float(), x.float(), 1 - s).to(x.dtype)  # x (1 - s) + u
 
     def extra_repr(self):
         return f"mode={self.mode}, eps={self.eps}, prob={self.prob}, causal={self.causal}"
@@ -141,7 +140,9 @@ class RotationUpdate(ResidualUpdate):
         u_perp = u - (<x, u> / ||x||^2) x,   theta = ||u_perp|| / sqrt(d),
         x_next = x cos(theta) + u_perp sin(theta) / theta                    ([OT] Eq. 8)
 
-    i.e. exp(B) x with the bivector B = x^u ([OT] Eq. 4-6), so ||x_next|| = ||x||. Computed in
+    i.e. exp(B) x for the bivector of x and u ([OT] Eq. 4-7; Eq. 7 turns x towards u, so acting on
+    column vectors B = u_perp x^T - x u_perp^T, up to normalisation). It keeps ||x_next|| = ||x||
+    on the sphere of radius sqrt(d), where the model keeps every block input. Computed in
     float32. The paper swaps in x + u_perp below a threshold to avoid 0/0; we evaluate cos and
     sin/theta by their Taylor series for theta < 1e-2 instead (selected with torch.where, no
     Python branch, no host sync). There the series equal the functions to float32 rounding, so
@@ -182,7 +183,8 @@ class OrthogonalQKV(nn.Module):
     Per matrix: A = W - W^T (skew-symmetric, [OViT] Alg. 2 line 1), then
       cayley: h(A) = 2 (I + A)^-1 - I = (I + A)^-1 (I - A)   ([OViT] Eq. 11), via one solve;
       exp:    exp(A), the matrix exponential ([OViT] Sec. 3.2, the Exp-ViT comparison).
-    The three maps run as one batched float32 call per forward (autocast off).
+    The three maps run as one batched float32 call per forward (autocast off). On CPU the exp
+    map's backward is costly (about 8x Cayley's at d=128).
 
     Registered with torch.nn.utils.parametrize, so `c_attn.weight` is the orthogonal stack, the
     optimizer sees the raw W (O-ViT Sec. 3.3: plain Adam on Euclidean W). We do not use

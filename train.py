@@ -77,11 +77,15 @@ def make_optimizer(model, cfg, device_type):
                              fused=device_type == 'cuda')
 
 
+def data_dir(cfg):
+    return cfg.data_dir or os.path.join(ROOT, 'data', cfg.dataset)
+
+
 def dataset_files(cfg, master, ddp):
     """(train.bin, val.bin, meta or None); prepares Tiny Shakespeare when its files are missing."""
-    data_dir = cfg.data_dir or os.path.join(ROOT, 'data', cfg.dataset)
-    train_bin, val_bin = os.path.join(data_dir, 'train.bin'), os.path.join(data_dir, 'val.bin')
-    meta_path = os.path.join(data_dir, 'meta.json')
+    folder = data_dir(cfg)
+    train_bin, val_bin = os.path.join(folder, 'train.bin'), os.path.join(folder, 'val.bin')
+    meta_path = os.path.join(folder, 'meta.json')
     ready = os.path.exists(train_bin) and os.path.exists(val_bin)
     if not ready and cfg.dataset != 'shakespeare_char':
         fail(f"dataset {cfg.dataset!r} is not prepared: {train_bin} is missing.\n"
@@ -90,7 +94,7 @@ def dataset_files(cfg, master, ddp):
         if master:
             from data.shakespeare_char.prepare import PrepareError, prepare
             try:
-                prepare(out_dir=data_dir)
+                prepare(out_dir=folder)
             except PrepareError as e:
                 fail(str(e))
         if ddp:
@@ -128,8 +132,10 @@ def wandb_mode():
     if os.environ.get('WANDB_API_KEY') or os.environ.get('WANDB_MODE') == 'online':
         return 'online'
     netrc = os.path.expanduser('~/.netrc')
-    if os.path.exists(netrc) and 'api.wandb.ai' in open(netrc).read():
-        return 'online'
+    if os.path.exists(netrc):
+        with open(netrc) as f:
+            if 'api.wandb.ai' in f.read():
+                return 'online'
     return 'offline'
 
 
@@ -177,9 +183,13 @@ def main(argv=None):
         cfg = replace(cfg, vocab_size=meta['vocab_size'])
 
     ckpt = None
+    existing = os.path.join(cfg.out_dir, 'ckpt.pt')
+    if cfg.init_from == 'scratch' and os.path.exists(existing):
+        fail(f"{existing} exists and a run from scratch would overwrite it; continue it with "
+             f"--init_from=resume, or pick another --out_dir (or delete the old one)")
     if cfg.init_from == 'resume':
         try:
-            ckpt = checkpoint.load(os.path.join(cfg.out_dir, 'ckpt.pt'))
+            ckpt = checkpoint.load(existing)
         except checkpoint.CheckpointError as e:
             fail(str(e))
         saved = configure.from_dict(ckpt['config'])
@@ -229,7 +239,7 @@ def main(argv=None):
             import wandb
             run = wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name, config=asdict(cfg),
                              dir=cfg.out_dir, mode=wandb_mode())
-    log_file = open(os.path.join(cfg.out_dir, 'log.jsonl'), 'a') if master else None
+    log_file = open(os.path.join(cfg.out_dir, 'log.jsonl'), 'a' if start_iter else 'w') if master else None
 
     def log(record):
         if master:
@@ -239,7 +249,7 @@ def main(argv=None):
                 run.log({k: v for k, v in record.items() if k != 'iter'}, step=record['iter'])
 
     def save(best):
-        mine = {'loader': train_loader.state_dict(), 'rng': torch.get_rng_state()}
+        mine = {'loader': pending_batch_state, 'rng': torch.get_rng_state()}
         streams = [mine]
         if ddp:
             streams = [None] * world
@@ -258,8 +268,11 @@ def main(argv=None):
         losses = evaluate(model, eval_loaders, cfg.eval_iters, autocast, ddp)
         if master:
             print(f"iter {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+        if ddp:
+            dist.destroy_process_group()
         return
 
+    pending_batch_state = train_loader.state_dict()  # saved, so a resumed run redraws the pending batch
     x, y = train_loader.next()
     dts, t_last, iters_since = [], time.perf_counter(), 0
     while True:
@@ -285,7 +298,8 @@ def main(argv=None):
             with model.no_sync() if ddp and not last else nullcontext(), autocast:
                 _, loss = model(x, y)
                 loss = loss / micro_steps
-            x, y = train_loader.next()
+            pending_batch_state = train_loader.state_dict()
+            x, y = train_loader.next()  # drawn before backward so a CUDA copy overlaps it
             scaler.scale(loss).backward()
         if cfg.grad_clip > 0:
             scaler.unscale_(optimizer)

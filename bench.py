@@ -1,0 +1,168 @@
+"""Training throughput per residual variant, measured side by side.
+
+    python bench.py config/shakespeare_add.py config/cpu.py
+    python bench.py config/shakespeare_add.py --variants=additive,rotation --steps=20 --repeats=9
+    python bench.py config/shakespeare_add.py --compile --profile=trace   # CUDA: add --peak_tflops if unknown
+
+For each variant the config is rebuilt with that variant's keys, then timed on random tokens
+(the speed of a step does not depend on the data): a forward, backward and AdamW step per
+iteration, at the config's batch_size, block_size and gradient_accumulation_steps. The
+variants are timed in interleaved rounds (A B C A B C ...) so that a machine whose speed
+drifts biases none of them; each cell is the median over rounds, with the min-max spread.
+"""
+
+import argparse
+import contextlib
+import json
+import os
+import resource
+import time
+from dataclasses import replace
+
+import torch
+
+import configure
+from model import GPT
+from train import data_dir, make_optimizer, resolve_device, resolve_dtype
+
+VARIANTS = {
+    'additive': dict(residual='additive', qkv='dense'),
+    'orthogonal': dict(residual='orthogonal', qkv='dense'),
+    'rotation': dict(residual='rotation', qkv='dense'),
+    'cayley': dict(residual='additive', qkv='cayley'),
+    'exp': dict(residual='additive', qkv='exp'),
+}
+PEAK_TFLOPS = {'H100': 989.0, 'H200': 989.0, 'A100': 312.0, 'L4': 121.0, 'A10': 125.0}  # bf16 dense
+
+
+def peak_flops(device, override):
+    if override:
+        return override * 1e12
+    if device.startswith('cuda'):
+        name = torch.cuda.get_device_name(device)
+        for key, tflops in PEAK_TFLOPS.items():
+            if key in name:
+                return tflops * 1e12
+    return None
+
+
+def flops_per_token(model):
+    """6N for the matmuls of forward + backward, plus attention's 12 L T d (PaLM appendix B)."""
+    c = model.config
+    return 6 * model.num_params() + 12 * c.n_layer * c.n_embd * c.block_size
+
+
+class Runner:
+    def __init__(self, cfg, device, dtype, compile_model):
+        self.cfg, self.device = cfg, device
+        self.device_type = device.split(':')[0]
+        torch.manual_seed(cfg.seed)
+        self.raw = GPT(configure.model_config(cfg)).to(device)
+        self.model = torch.compile(self.raw) if compile_model else self.raw
+        self.optimizer = make_optimizer(self.raw, cfg, self.device_type)
+        self.autocast = (contextlib.nullcontext() if dtype == 'float32'
+                         else torch.autocast(self.device_type, dtype=getattr(torch, dtype)))
+        self.scaler = torch.amp.GradScaler(self.device_type, enabled=dtype == 'float16')
+        shape = (cfg.batch_size, cfg.block_size)
+        self.x = torch.randint(cfg.vocab_size, shape, device=device)
+        self.y = torch.randint(cfg.vocab_size, shape, device=device)
+        self.tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
+
+    def step(self):
+        accum = self.cfg.gradient_accumulation_steps
+        for _ in range(accum):
+            with self.autocast:
+                _, loss = self.model(self.x, self.y)
+            self.scaler.scale(loss / accum).backward()
+        if self.cfg.grad_clip > 0:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.raw.parameters(), self.cfg.grad_clip)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def sync(self):
+        if self.device_type == 'cuda':
+            torch.cuda.synchronize(self.device)
+
+    def time(self, steps):
+        """Mean seconds per iteration over `steps` iterations; on CUDA also records the peak
+        memory of this model alone (its weights and optimizer state plus the step's transients)."""
+        self.sync()
+        if self.device_type == 'cuda':
+            torch.cuda.reset_peak_memory_stats(self.device)
+            resident = torch.cuda.memory_allocated(self.device)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            self.step()
+        self.sync()
+        if self.device_type == 'cuda':
+            own = sum(t.numel() * t.element_size() for t in self.raw.parameters())
+            own += sum(t.numel() * t.element_size() for s in self.optimizer.state.values()
+                       for t in s.values() if torch.is_tensor(t))
+            self.peak_memory = max(getattr(self, 'peak_memory', 0),
+                                   torch.cuda.max_memory_allocated(self.device) - resident + own)
+        return (time.perf_counter() - t0) / steps
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('config', nargs='*', help='config files and --key=value overrides, as for train.py')
+    p.add_argument('--variants', default='additive,orthogonal,rotation,cayley', help=','.join(VARIANTS))
+    p.add_argument('--steps', type=int, default=20, help='iterations per timed round')
+    p.add_argument('--repeats', type=int, default=7, help='timed rounds per variant')
+    p.add_argument('--warmup', type=int, default=5, help='untimed iterations per variant first')
+    p.add_argument('--compile', action='store_true', help='torch.compile each model')
+    p.add_argument('--peak_tflops', type=float, default=None, help='device peak for MFU (default: a table for known GPUs)')
+    p.add_argument('--profile', default=None, help='write a torch profiler trace of each variant to this folder')
+    args, rest = p.parse_known_args(argv)
+    try:
+        base = configure.load(args.config + rest)
+    except configure.ConfigError as e:
+        raise SystemExit(f"error: config: {e}")
+    unknown = [v for v in args.variants.split(',') if v not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"error: unknown variant(s) {unknown}; choose from {', '.join(VARIANTS)}")
+    device = resolve_device(base.device)
+    dtype = resolve_dtype(base.dtype, device.split(':')[0])
+    meta = os.path.join(data_dir(base), 'meta.json')
+    if os.path.exists(meta):  # the vocabulary the model would be trained with
+        with open(meta) as f:
+            base = replace(base, vocab_size=json.load(f)['vocab_size'])
+    runners = {v: Runner(replace(base, **VARIANTS[v]), device, dtype, args.compile)
+               for v in args.variants.split(',')}
+    for r in runners.values():
+        for _ in range(args.warmup):
+            r.step()
+    times = {v: [] for v in runners}
+    for _ in range(args.repeats):
+        for v, r in runners.items():
+            times[v].append(r.time(args.steps))
+    if args.profile:
+        for v, r in runners.items():
+            with torch.profiler.profile() as prof:
+                r.time(3)
+            prof.export_chrome_trace(f"{args.profile.rstrip('/')}-{v}.json")
+
+    peak = peak_flops(device, args.peak_tflops)
+    first = next(iter(runners))
+    ref = sorted(times[first])[len(times[first]) // 2]
+    print(f"{device}, {dtype}, {torch.get_num_threads()} threads, compile={args.compile}; "
+          f"batch {base.batch_size} x block {base.block_size} x accum {base.gradient_accumulation_steps}, "
+          f"{base.n_layer} layers x {base.n_embd}, vocab {base.vocab_size}; median of {args.repeats} interleaved rounds of {args.steps} iterations")
+    print(f"| variant | ms/iter (median) | spread (min-max) | tokens/s | MFU | peak memory | vs {first} |")
+    print("|---|---|---|---|---|---|---|")
+    for v, r in runners.items():
+        ts = sorted(times[v])
+        med = ts[len(ts) // 2]
+        mfu = f"{flops_per_token(r.raw) * r.tokens_per_iter / med / peak:.1%}" if peak else '-'
+        if r.device_type == 'cuda':
+            mem = f"{r.peak_memory / 2**30:.2f} GiB"
+        else:
+            mem = f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB (process)"
+        print(f"| {v} | {med * 1e3:.1f} | {ts[0] * 1e3:.1f}-{ts[-1] * 1e3:.1f} | {r.tokens_per_iter / med:,.0f} | "
+              f"{mfu} | {mem} | {(med / ref - 1) * 100:+.1f}% |")
+
+
+if __name__ == '__main__':
+    main()

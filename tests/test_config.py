@@ -1,0 +1,129 @@
+"""The typed config loader: stacking, overrides, and the errors users see."""
+
+import glob
+import json
+import os
+from dataclasses import asdict
+
+import pytest
+
+import configure
+from configure import ConfigError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def cfgfile(name):
+    return os.path.join(ROOT, 'config', name)
+
+
+def write(tmp_path, text, name='c.py'):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_files_stack_left_to_right_and_overrides_win():
+    cfg = configure.load([cfgfile('shakespeare_rot.py'), cfgfile('cpu.py'), '--max_iters=300'])
+    assert (cfg.residual, cfg.init, cfg.activation, cfg.n_layer, cfg.n_embd) == ('rotation', 'sigma', 'relu', 4, 128)
+    assert (cfg.learning_rate, cfg.block_size, cfg.batch_size, cfg.eval_iters) == (1e-3, 64, 12, 20)
+    assert cfg.max_iters == 300
+    assert cfg.out_dir == 'out-shakespeare-rot-cpu'  # cpu.py reads the value the file before it set
+
+
+def test_later_file_overrides_earlier_override(tmp_path):
+    cfg = configure.load(['--n_layer=6', write(tmp_path, 'n_layer = 3\n')])
+    assert cfg.n_layer == 3
+
+
+@pytest.mark.parametrize('path', sorted(glob.glob(os.path.join(ROOT, 'config', '*.py'))))
+def test_every_config_file_loads(path):
+    if path.endswith('__init__.py'):
+        return
+    if path.endswith('cpu.py'):
+        cfg = configure.load([path])
+    else:
+        cfg = configure.load([path, cfgfile('cpu.py')])
+    assert cfg.n_layer == 4
+
+
+def test_shakespeare_variants_differ_only_in_their_rule():
+    a, o, r, c = (asdict(configure.load([cfgfile(f'shakespeare_{v}.py')])) for v in ('add', 'ortho', 'rot', 'cayley'))
+    diff = lambda x: {k for k in a if a[k] != x[k]}  # noqa: E731
+    assert diff(o) == {'out_dir', 'residual'}
+    assert diff(r) == {'out_dir', 'residual'}
+    assert diff(c) == {'out_dir', 'qkv'}
+    assert (a['n_layer'], a['n_embd'], a['n_head'], a['learning_rate'], a['beta2']) == (16, 256, 4, 4e-3, 0.99)
+
+
+@pytest.mark.parametrize('arg,expected', [
+    ('--n_layers=4', "did you mean 'n_layer'"),
+    ('--learing_rate=1e-3', "did you mean 'learning_rate'"),
+    ('--n_layer=four', 'n_layer expects int'),
+    ('--n_layer=4.5', 'n_layer expects int'),
+    ('--compile=maybe', 'compile expects bool'),
+    ('--residual=rotaton', "did you mean 'rotation'"),
+    ('--ortho_layers=a,b', 'tuple of int'),
+    ('--n_layer', 'has no value'),
+    ('n_layer=4', 'did you mean --n_layer=4'),
+    ('--n_embd=100', 'not divisible by n_head'),
+    ('--dropout=1.5', 'dropout=1.5 must lie in'),
+    ('--batch_size=0', 'batch_size=0 must be at least 1'),
+])
+def test_bad_overrides(arg, expected):
+    with pytest.raises(ConfigError, match=expected):
+        configure.load([arg])
+
+
+def test_override_types():
+    cfg = configure.load(['--dropout=0', '--compile=False', '--ortho_layers=0,1', '--wandb_run_name=None',
+                          '--out_dir=out x', '--min_lr=2e-5', '--sigma_w=1'])
+    assert cfg.dropout == 0.0 and isinstance(cfg.dropout, float)
+    assert cfg.compile is False and cfg.ortho_layers == (0, 1) and cfg.wandb_run_name is None
+    assert cfg.out_dir == 'out x' and cfg.min_lr == 2e-5 and cfg.sigma_w == 1.0
+    assert configure.load(['--ortho_layers=None']).ortho_layers is None
+
+
+def test_unknown_key_in_file_names_file_and_closest_key(tmp_path):
+    path = write(tmp_path, 'n_embed = 64\n')
+    with pytest.raises(ConfigError, match=r"unknown config key 'n_embed' in .*c\.py; did you mean 'n_embd'"):
+        configure.load([path])
+
+
+def test_wrong_type_in_file(tmp_path):
+    with pytest.raises(ConfigError, match=r"c\.py: n_layer expects int, got str '4'"):
+        configure.load([write(tmp_path, "n_layer = '4'\n")])
+
+
+def test_syntax_error_names_file_and_line(tmp_path):
+    path = write(tmp_path, "n_layer = 4\nn_head = = 2\n")
+    with pytest.raises(ConfigError, match=r"c\.py:2: syntax error"):
+        configure.load([path])
+
+
+def test_runtime_error_names_file_and_line(tmp_path):
+    path = write(tmp_path, "n_layer = 4\n\nn_head = undefined_name\n")
+    with pytest.raises(ConfigError, match=r"c\.py:3: NameError"):
+        configure.load([path])
+
+
+def test_missing_file_suggests_neighbour():
+    with pytest.raises(ConfigError, match=r"not found; did you mean '.*shakespeare_rot\.py'"):
+        configure.load([cfgfile('shakespeare_rott.py')])
+
+
+def test_private_names_and_imports_are_allowed(tmp_path):
+    cfg = configure.load([write(tmp_path, "import math\n_width = 2 ** 5\nn_embd = _width * 2\nn_head = 4\n")])
+    assert cfg.n_embd == 64
+
+
+def test_round_trip_through_json():
+    cfg = configure.load([cfgfile('shakespeare_ortho.py'), '--ortho_layers=1,3'])
+    again = configure.from_dict(json.loads(json.dumps(asdict(cfg))))
+    assert again == cfg and again.ortho_layers == (1, 3)
+
+
+def test_usage_lists_every_key():
+    text = configure.usage()
+    for key in ('residual', 'ortho_mode', 'ortho_eps', 'ortho_prob', 'ortho_layers', 'qkv', 'sigma_w', 'sigma_qk'):
+        assert key in text

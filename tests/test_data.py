@@ -1,0 +1,73 @@
+"""Tiny Shakespeare preparation and the token-window loader."""
+
+import json
+import urllib.request
+
+import numpy as np
+import pytest
+import torch
+
+from data.loader import TokenWindows
+from data.shakespeare_char import prepare as prep
+
+TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n" * 20
+
+
+def test_prepare_writes_vocab_split_and_round_trips(tmp_path):
+    src = tmp_path / 'shakespeare.txt'
+    src.write_text(TEXT, encoding='utf-8')
+    out = tmp_path / 'out'
+    meta = prep.prepare(str(src), str(out))
+    chars = sorted(set(TEXT))
+    assert meta['itos'] == chars and meta['vocab_size'] == len(chars)
+    assert json.loads((out / 'meta.json').read_text(encoding='utf-8')) == meta
+    train = np.fromfile(out / 'train.bin', dtype=np.uint16)
+    val = np.fromfile(out / 'val.bin', dtype=np.uint16)
+    assert len(train) == int(0.9 * len(TEXT)) and len(train) + len(val) == len(TEXT)
+    decoded = ''.join(meta['itos'][i] for i in np.concatenate([train, val]))
+    assert decoded == TEXT
+
+
+def test_prepare_reads_input_txt_in_out_dir(tmp_path):
+    (tmp_path / 'input.txt').write_text(TEXT, encoding='utf-8')
+    prep.prepare(None, str(tmp_path))
+    assert (tmp_path / 'train.bin').exists()
+
+
+def test_failed_download_says_how_to_supply_the_file(tmp_path, monkeypatch):
+    def offline(*a, **k):
+        raise OSError('network unreachable')
+    monkeypatch.setattr(urllib.request, 'urlopen', offline)
+    with pytest.raises(prep.PrepareError) as e:
+        prep.prepare(None, str(tmp_path))
+    msg = str(e.value)
+    assert 'network unreachable' in msg and str(tmp_path / 'input.txt') in msg and '--input' in msg
+
+
+def test_script_reports_missing_input(tmp_path):
+    with pytest.raises(SystemExit, match='no such file'):
+        prep.main(['--input', str(tmp_path / 'nope.txt'), '--out_dir', str(tmp_path)])
+
+
+def test_windows_are_shifted_slices_of_the_file(tmp_path):
+    tokens = np.arange(1000, dtype=np.uint16)
+    path = tmp_path / 'train.bin'
+    tokens.tofile(path)
+    loader = TokenWindows(str(path), block_size=16, batch_size=5, seed=3)
+    x, y = loader.next()
+    assert x.shape == y.shape == (5, 16) and x.dtype == torch.long
+    assert torch.equal(y, x + 1)  # consecutive tokens in this file
+    assert torch.equal(x[:, 1:], x[:, :-1] + 1)
+    state = loader.state_dict()
+    a = loader.next()
+    loader.load_state_dict(state)
+    assert all(torch.equal(p, q) for p, q in zip(a, loader.next()))
+    loader.reset()
+    assert torch.equal(loader.next()[0], x)
+
+
+def test_too_short_file_is_refused(tmp_path):
+    path = tmp_path / 'val.bin'
+    np.arange(10, dtype=np.uint16).tofile(path)
+    with pytest.raises(ValueError, match='too few for block_size=16'):
+        TokenWindows(str(path), block_size=16, batch_size=2, seed=0)

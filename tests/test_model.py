@@ -1,0 +1,171 @@
+"""GPT-level behaviour: causality, the rotation model's norms, orthogonal Q/K/V, initialisation."""
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from model import GPT, AdditiveUpdate, GPTConfig, OrthogonalQKV, OrthogonalUpdate, RotationUpdate
+
+
+def tiny(**kw):
+    base = dict(n_layer=2, n_head=2, n_embd=16, block_size=16, vocab_size=11, dropout=0.0)
+    base.update(kw)
+    return GPTConfig(**base)
+
+
+def train_steps(model, steps=20, lr=1e-2, weight_decay=0.1):
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    V, T = model.config.vocab_size, model.config.block_size
+    for _ in range(steps):
+        idx = torch.randint(V, (4, T))
+        _, loss = model(idx, torch.roll(idx, -1, 1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model
+
+
+VARIANTS = [dict(residual='additive'), dict(residual='rotation'),
+            dict(residual='orthogonal', ortho_mode='feature'),
+            dict(residual='orthogonal', ortho_mode='global'),
+            dict(residual='orthogonal', ortho_mode='global', ortho_prob=0.5)]
+
+
+@pytest.mark.parametrize('variant,qkv', list(itertools.product(VARIANTS, ['dense', 'cayley', 'exp'])),
+                         ids=lambda v: '-'.join(map(str, v.values())) if isinstance(v, dict) else v)
+@pytest.mark.parametrize('init', ['gpt2', 'sigma'])
+def test_causality(variant, qkv, init):
+    """Changing tokens at positions >= t never changes logits at positions < t."""
+    model = GPT(tiny(qkv=qkv, init=init, tie_weights=init == 'gpt2', **variant))
+    train_steps(model, steps=3)  # move off the initial weights
+    idx = torch.randint(11, (3, 16))
+    for t in (1, 7, 15):
+        changed = idx.clone()
+        changed[:, t:] = (changed[:, t:] + 1 + torch.randint(9, changed[:, t:].shape)) % 11
+        torch.manual_seed(5)  # the same stochastic connections in both passes
+        a, _ = model(idx)
+        torch.manual_seed(5)
+        b, _ = model(changed)
+        assert torch.allclose(a[:, :t], b[:, :t], atol=1e-5, rtol=0), f"future leaked into t < {t}"
+        assert not torch.allclose(a[:, t:], b[:, t:], atol=1e-3)
+
+
+def block_norms(model, idx):
+    norms = []
+    hooks = [b.register_forward_hook(lambda m, inp, out: norms.extend([inp[0].norm(dim=-1), out.norm(dim=-1)]))
+             for b in model.blocks]
+    model(idx)
+    for h in hooks:
+        h.remove()
+    return torch.stack(norms)
+
+
+@pytest.mark.parametrize('qkv', ['dense', 'cayley'])
+def test_rotation_keeps_every_block_on_the_sphere(qkv):
+    cfg = tiny(residual='rotation', n_layer=6, n_embd=32, qkv=qkv, init='sigma', tie_weights=False, sigma_w=1.0)
+    model = GPT(cfg)
+    # the paper's architecture: no norms in the blocks, none at the end, one weightless after the embeddings
+    assert all(isinstance(b.ln_1, torch.nn.Identity) and isinstance(b.ln_2, torch.nn.Identity) for b in model.blocks)
+    assert isinstance(model.ln_f, torch.nn.Identity)
+    assert isinstance(model.ln_emb, torch.nn.RMSNorm) and model.ln_emb.weight is None
+    assert all(isinstance(b.update_attn, RotationUpdate) for b in model.blocks)
+    idx = torch.randint(11, (4, 16))
+    for _ in range(2):
+        norms = block_norms(model, idx)
+        assert norms.shape == (12, 4, 16)
+        assert (norms / math.sqrt(32) - 1).abs().max() < 1e-5
+        train_steps(model, steps=30, lr=3e-2)
+
+
+def test_additive_stream_is_not_normalised():
+    """The check above can fail: an additive model's stream norm grows with depth."""
+    norms = block_norms(GPT(tiny(n_layer=6, n_embd=32, init='sigma', tie_weights=False, sigma_w=1.0)),
+                        torch.randint(11, (4, 16)))
+    assert (norms / math.sqrt(32) - 1).abs().max() > 0.1
+
+
+@pytest.mark.parametrize('kind', ['cayley', 'exp'])
+def test_orthogonal_qkv_weights_stay_orthogonal(kind):
+    cfg = tiny(qkv=kind, n_embd=32, n_head=4)
+    model = GPT(cfg)
+    eye = torch.eye(32)
+    for step in range(2):
+        for b in model.blocks:
+            w = b.attn.c_attn.weight.detach().view(3, 32, 32)
+            assert (w.mT @ w - eye).abs().max() < 1e-5 and (w @ w.mT - eye).abs().max() < 1e-5
+        if step == 0:
+            before = model.blocks[0].attn.c_attn.weight.detach().clone()
+            train_steps(model, steps=20, lr=3e-2)
+    assert not torch.allclose(before, model.blocks[0].attn.c_attn.weight), "the weights were trained"
+
+
+@pytest.mark.parametrize('kind', ['cayley', 'exp'])
+def test_orthogonal_maps_match_the_paper(kind):
+    """cayley: 2 (I + A)^-1 - I with A = W - W^T ([OViT] Alg. 2); exp: matrix exponential of A."""
+    w = 0.3 * torch.randn(3 * 8, 8)
+    out = OrthogonalQKV(kind)(w)
+    a = w.double().view(3, 8, 8)
+    a = a - a.mT
+    eye = torch.eye(8, dtype=torch.float64)
+    ref = 2 * torch.linalg.inv(eye + a) - eye if kind == 'cayley' else torch.linalg.matrix_exp(a)
+    assert out.shape == w.shape
+    assert (out.double() - ref.reshape(24, 8)).abs().max() < 1e-5
+
+
+def test_orthogonal_qkv_trains_the_raw_weight():
+    model = GPT(tiny(qkv='cayley'))
+    names = [n for n, _ in model.named_parameters() if 'c_attn' in n]
+    assert names == ['blocks.0.attn.c_attn.parametrizations.weight.original',
+                     'blocks.1.attn.c_attn.parametrizations.weight.original']
+
+
+def test_ortho_layer_pattern():
+    model = GPT(tiny(n_layer=4, residual='orthogonal', ortho_layers=(0, 2)))
+    kinds = [(type(b.update_attn), type(b.update_mlp)) for b in model.blocks]
+    assert kinds == [(OrthogonalUpdate,) * 2, (AdditiveUpdate,) * 2, (OrthogonalUpdate,) * 2, (AdditiveUpdate,) * 2]
+
+
+def test_sigma_init_statistics():
+    d = 256
+    cfg = tiny(n_embd=d, n_head=4, n_layer=2, vocab_size=500, init='sigma', sigma_w=0.6, sigma_qk=1.3,
+               tie_weights=False)
+    model = GPT(cfg)
+    block = model.blocks[0]
+    qkv = block.attn.c_attn.weight
+    expected = [(qkv[:2 * d], 1.3 / 16), (qkv[2 * d:], 0.6 / 16), (block.attn.c_proj.weight, 0.6 / 16),
+                (block.mlp.c_fc.weight, 0.6 / 16), (block.mlp.c_proj.weight, 0.6 * math.sqrt(2 / (4 * d))),
+                (model.wte.weight, 1.0)]
+    for w, std in expected:
+        assert abs(w.std().item() / std - 1) < 0.03
+    assert isinstance(block.mlp.act, torch.nn.GELU)  # activation is its own key
+    assert isinstance(GPT(tiny(init='sigma', tie_weights=False, activation='relu')).blocks[0].mlp.act, torch.nn.ReLU)
+
+
+def test_gpt2_init_and_loss_at_init():
+    model = GPT(tiny(vocab_size=50, n_embd=64, n_layer=3))
+    assert abs(model.blocks[0].mlp.c_proj.weight.std().item() / (0.02 / math.sqrt(6)) - 1) < 0.05
+    assert model.lm_head.weight is model.wte.weight
+    idx = torch.randint(50, (8, 16))
+    logits, loss = model(idx, torch.randint(50, (8, 16)))
+    assert logits.shape == (8, 16, 50)
+    assert abs(loss.item() - math.log(50)) < 0.1
+    assert model(idx)[1] is None
+
+
+def test_config_errors():
+    with pytest.raises(ValueError, match='not divisible by n_head'):
+        tiny(n_embd=30, n_head=4)
+    with pytest.raises(ValueError, match='tie_weights=False'):
+        tiny(init='sigma')
+    with pytest.raises(ValueError, match='out of range'):
+        tiny(residual='orthogonal', ortho_layers=(0, 5))
+    with pytest.raises(ValueError, match='exceeds block_size'):
+        GPT(tiny())(torch.zeros(1, 17, dtype=torch.long))
+
+
+def test_generate_crops_context():
+    model = GPT(tiny(residual='rotation')).eval()
+    out = model.generate(torch.zeros(2, 3, dtype=torch.long), 30, top_k=5)
+    assert out.shape == (2, 33) and out.max() < 11
