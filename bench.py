@@ -23,7 +23,7 @@ import torch
 
 import configure
 from model import GPT
-from train import data_dir, make_optimizer, resolve_device, resolve_dtype
+from train import data_dir, make_optimizer, resolve_device, resolve_dtype, train_step
 
 VARIANTS = {
     'additive': dict(residual='additive', qkv='dense'),
@@ -69,17 +69,8 @@ class Runner:
         self.tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
 
     def step(self):
-        accum = self.cfg.gradient_accumulation_steps
-        for _ in range(accum):
-            with self.autocast:
-                _, loss = self.model(self.x, self.y)
-            self.scaler.scale(loss / accum).backward()
-        if self.cfg.grad_clip > 0:
-            self.scaler.unscale_(self.optimizer)
-            torch.nn.utils.clip_grad_norm_(self.raw.parameters(), self.cfg.grad_clip)
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
+        train_step(self.model, self.optimizer, self.scaler, lambda: (self.x, self.y),
+                   self.cfg.gradient_accumulation_steps, self.cfg.grad_clip, self.autocast)
 
     def sync(self):
         if self.device_type == 'cuda':

@@ -106,6 +106,24 @@ def dataset_files(cfg, master, ddp):
     return train_bin, val_bin, meta
 
 
+def train_step(model, optimizer, scaler, next_batch, micro_steps, grad_clip, autocast, ddp=False):
+    """One optimizer step over micro_steps micro-batches from next_batch(); gradients average
+    over micro-batches (and, through DDP, over processes, synchronised on the last micro-step
+    only). Returns the last micro-batch's loss as a tensor: reading it is the caller's choice."""
+    for micro_step in range(micro_steps):
+        x, y = next_batch()
+        with model.no_sync() if ddp and micro_step < micro_steps - 1 else nullcontext(), autocast:
+            _, loss = model(x, y)
+        scaler.scale(loss / micro_steps).backward()
+    if grad_clip > 0:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
 @torch.no_grad()
 def evaluate(model, loaders, eval_iters, autocast, ddp):
     """Mean loss per split over eval_iters batches; the loaders restart, so every evaluation
@@ -274,6 +292,15 @@ def main(argv=None):
 
     pending_batch_state = train_loader.state_dict()  # saved, so a resumed run redraws the pending batch
     x, y = train_loader.next()
+
+    def next_batch():
+        """The pending batch; the following one is drawn now, so a CUDA copy overlaps compute."""
+        nonlocal x, y, pending_batch_state
+        batch = x, y
+        pending_batch_state = train_loader.state_dict()
+        x, y = train_loader.next()
+        return batch
+
     dts, t_last, iters_since = [], time.perf_counter(), 0
     while True:
         if (iter_num % cfg.eval_interval == 0 or iter_num == cfg.max_iters) and not (iter_num == start_iter > 0):
@@ -293,25 +320,12 @@ def main(argv=None):
         lr = get_lr(iter_num, cfg)
         for group in optimizer.param_groups:
             group['lr'] = lr
-        for micro_step in range(micro_steps):
-            last = micro_step == micro_steps - 1
-            with model.no_sync() if ddp and not last else nullcontext(), autocast:
-                _, loss = model(x, y)
-                loss = loss / micro_steps
-            pending_batch_state = train_loader.state_dict()
-            x, y = train_loader.next()  # drawn before backward so a CUDA copy overlaps it
-            scaler.scale(loss).backward()
-        if cfg.grad_clip > 0:
-            scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
+        loss = train_step(model, optimizer, scaler, next_batch, micro_steps, cfg.grad_clip, autocast, ddp)
         iter_num += 1
         iters_since += 1
 
         if iter_num % cfg.log_interval == 0 and master:
-            lossf = loss.item() * micro_steps  # the host syncs here only, once per log line
+            lossf = loss.item()  # the host syncs here only, once per log line
             now = time.perf_counter()
             dt = (now - t_last) / iters_since
             t_last, iters_since = now, 0
