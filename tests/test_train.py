@@ -143,3 +143,15 @@ def test_sample_missing_and_corrupt_checkpoints(trained, tmp_path):
     (trained / 'ckpt.pt').write_bytes(data[: len(data) // 2])
     with pytest.raises(SystemExit, match='not a readable checkpoint'):
         sample.main([f'--out_dir={trained}'])
+
+
+def test_wandb_is_offline_without_a_key(monkeypatch, tmp_path):
+    monkeypatch.delenv('WANDB_API_KEY', raising=False)
+    monkeypatch.delenv('WANDB_MODE', raising=False)
+    monkeypatch.setenv('HOME', str(tmp_path))
+    assert train.wandb_mode() == 'offline'
+    (tmp_path / '.netrc').write_text('machine api.wandb.ai\n  login user\n  password abc\n')
+    assert train.wandb_mode() == 'online'
+    (tmp_path / '.netrc').unlink()
+    monkeypatch.setenv('WANDB_API_KEY', 'abc')
+    assert train.wandb_mode() == 'online'
