@@ -22,6 +22,7 @@ from dataclasses import replace
 import torch
 
 import configure
+from guards import StepScaler
 from model import GPT
 from train import data_dir, make_optimizer, resolve_device, resolve_dtype, train_step
 
@@ -62,7 +63,7 @@ class Runner:
         self.optimizer = make_optimizer(self.raw, cfg, self.device_type)
         self.autocast = (contextlib.nullcontext() if dtype == 'float32'
                          else torch.autocast(self.device_type, dtype=getattr(torch, dtype)))
-        self.scaler = torch.amp.GradScaler(self.device_type, enabled=dtype == 'float16')
+        self.scaler = StepScaler(self.device_type, dtype)
         shape = (cfg.batch_size, cfg.block_size)
         self.x = torch.randint(cfg.vocab_size, shape, device=device)
         self.y = torch.randint(cfg.vocab_size, shape, device=device)

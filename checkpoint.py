@@ -1,5 +1,17 @@
-"""Checkpoint files: written atomically, read with weights_only=True, metadata as JSON."""
+"""Checkpoint files: written atomically, verified on load, read with weights_only=True.
 
+A checkpoint is a dict saved by torch.save; its metadata ('config', 'meta') is JSON text. save()
+adds 'checksum', a SHA-256 over every tensor and string in it (torch.load checks no checksum of
+its own: a flipped byte in tensor data loads silently), and load() refuses a file whose
+checksum does not match, or that does not unpickle (truncated, not a checkpoint).
+
+In an out_dir: ckpt.pt is the latest, ckpt-<iter>.pt the last keep_last_n saves (hard links, so
+the newest costs no space) and best.pt the one with the best val loss. load_latest() takes the
+newest of them that verifies.
+"""
+
+import glob
+import hashlib
 import json
 import os
 
@@ -10,9 +22,32 @@ class CheckpointError(RuntimeError):
     pass
 
 
+def checksum(obj):
+    """SHA-256 over the tensors, strings and numbers of a nested dict/list, in order."""
+    h = hashlib.sha256()
+
+    def visit(x):
+        if torch.is_tensor(x):
+            t = x.detach().cpu()
+            h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        elif isinstance(x, dict):
+            for k, v in x.items():
+                visit(k)
+                visit(v)
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                visit(v)
+        else:
+            h.update(repr(x).encode())
+    visit(obj)
+    return h.hexdigest()
+
+
 def save(obj, path):
     """torch.save to a temporary file in the same folder, fsync, then rename over `path`:
     a reader sees the old file or the new one, never half of one."""
+    obj = dict(obj, checksum=checksum(obj))
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
@@ -25,6 +60,10 @@ def save(obj, path):
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+    fsync_dir(folder)
+
+
+def fsync_dir(folder):
     fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -32,8 +71,8 @@ def save(obj, path):
         os.close(fd)
 
 
-def link_or_copy(src, dst):
-    """Make dst the same checkpoint as src (a hard link where the file system allows), atomically."""
+def link(src, dst):
+    """Make dst the same file as src (a hard link where the file system allows, else a copy), atomically."""
     tmp = f"{dst}.tmp{os.getpid()}"
     try:
         os.link(src, tmp)
@@ -46,19 +85,51 @@ def link_or_copy(src, dst):
     os.replace(tmp, dst)
 
 
+def snapshot(out_dir, iter_num, keep_last_n):
+    """Keep ckpt.pt as ckpt-<iter>.pt too, and only the newest keep_last_n of those."""
+    if keep_last_n < 1:
+        return
+    link(os.path.join(out_dir, 'ckpt.pt'), os.path.join(out_dir, f'ckpt-{iter_num:07d}.pt'))
+    for old in snapshots(out_dir)[keep_last_n:]:
+        os.remove(old)
+    fsync_dir(out_dir)
+
+
+def snapshots(out_dir):
+    """ckpt-<iter>.pt files, newest first."""
+    return sorted(glob.glob(os.path.join(out_dir, 'ckpt-[0-9]*.pt')), reverse=True)
+
+
 def load(path, map_location='cpu'):
-    """A checkpoint dict with 'config' (and 'meta', if saved) decoded from JSON."""
+    """A verified checkpoint dict with 'config' (and 'meta', if saved) decoded from JSON."""
     if not os.path.isfile(path):
         raise CheckpointError(f"no checkpoint at {path}; train one first (python train.py CONFIG) "
                               f"or point --out_dir at the folder holding ckpt.pt")
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
-        ckpt['config'] = json.loads(ckpt['config'])
-        if ckpt.get('meta') is not None:
-            ckpt['meta'] = json.loads(ckpt['meta'])
-        ckpt['model']
+        stored = ckpt.pop('checksum')
     except Exception as e:
         raise CheckpointError(f"{path} is not a readable checkpoint (truncated, corrupt or not ours: "
-                              f"{type(e).__name__}: {str(e)[:200]}); delete it or use another one "
-                              f"(ckpt.pt is the latest, best.pt the best so far)") from None
+                              f"{type(e).__name__}: {str(e)[:200]})") from None
+    if checksum(ckpt) != stored:
+        raise CheckpointError(f"{path} fails its checksum: its contents changed after it was written")
+    ckpt['config'] = json.loads(ckpt['config'])
+    if ckpt.get('meta') is not None:
+        ckpt['meta'] = json.loads(ckpt['meta'])
     return ckpt
+
+
+def load_latest(out_dir, map_location='cpu'):
+    """(checkpoint, path, refused): the newest of ckpt.pt, ckpt-<iter>.pt, best.pt that verifies;
+    refused lists (path, reason) for the newer ones that did not."""
+    candidates = [os.path.join(out_dir, 'ckpt.pt')] + snapshots(out_dir) + [os.path.join(out_dir, 'best.pt')]
+    refused = []
+    for path in (p for p in candidates if os.path.exists(p)):
+        try:
+            return load(path, map_location), path, refused
+        except CheckpointError as e:
+            refused.append((path, str(e)))
+    if not refused:
+        raise CheckpointError(f"no checkpoint in {out_dir}; train one first (python train.py CONFIG) "
+                              f"or point --out_dir at the folder holding ckpt.pt")
+    raise CheckpointError("no usable checkpoint in " + out_dir + ":\n  " + "\n  ".join(r for _, r in refused))

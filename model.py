@@ -46,6 +46,12 @@ class BlockConfig:
     sigma_qk: float = 1.0  # 'sigma' init: std of Q and K weights is sigma_qk/sqrt(d)
 
     def __post_init__(self):
+        for key in ('n_layer', 'n_head', 'n_embd'):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key}={getattr(self, key)} must be at least 1")
+        for key in ('ortho_eps', 'sigma_w', 'sigma_qk'):
+            if not getattr(self, key) >= 0:
+                raise ValueError(f"{key}={getattr(self, key)} must not be negative")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; "
                              f"choose n_head among {[h for h in range(1, 17) if self.n_embd % h == 0]}")
@@ -111,6 +117,8 @@ class OrthogonalUpdate(ResidualUpdate):
 
     def scale(self, x, u):
         """s in float32, broadcastable against x."""
+        if self.mode == 'global' and x.dim() != 3:
+            raise ValueError(f"global orthogonal mode takes (B, T, d) tensors, got shape {tuple(x.shape)}")
         x, u = x.float(), u.float()
         dot, sq = (x * u).sum(-1, keepdim=True), (x * x).sum(-1, keepdim=True)  # (B, T, 1)
         if self.mode == 'global':
@@ -183,8 +191,9 @@ class OrthogonalQKV(nn.Module):
     Per matrix: A = W - W^T (skew-symmetric, [OViT] Alg. 2 line 1), then
       cayley: h(A) = 2 (I + A)^-1 - I = (I + A)^-1 (I - A)   ([OViT] Eq. 11), via one solve;
       exp:    exp(A), the matrix exponential ([OViT] Sec. 3.2, the Exp-ViT comparison).
-    The three maps run as one batched float32 call per forward (autocast off). On CPU the exp
-    map's backward is costly (about 8x Cayley's at d=128).
+    The three maps run as one batched float32 call per forward (autocast off; train.py leaves
+    TF32 off unless the whole run is float32 on CUDA, where the exp map's products then carry
+    TF32 rounding). On CPU the exp map's backward is costly (about 8x Cayley's at d=128).
 
     Registered with torch.nn.utils.parametrize, so `c_attn.weight` is the orthogonal stack, the
     optimizer sees the raw W (O-ViT Sec. 3.3: plain Adam on Euclidean W). We do not use
@@ -325,7 +334,8 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(config.vocab_size, d)
         self.wpe = nn.Embedding(config.block_size, d)
         self.drop = nn.Dropout(config.dropout)
-        self.ln_emb = nn.RMSNorm(d, elementwise_affine=False) if keeps_norm else nn.Identity()
+        # eps far below any embedding's mean square, so the norm is sqrt(d) to float32 rounding
+        self.ln_emb = nn.RMSNorm(d, eps=1e-30, elementwise_affine=False) if keeps_norm else nn.Identity()
         self.blocks = nn.ModuleList([Block(config, i, causal=True) for i in range(config.n_layer)])
         self.ln_f = make_norm(config, keeps_norm)
         self.lm_head = nn.Linear(d, config.vocab_size, bias=False)
@@ -368,7 +378,7 @@ class GPT(nn.Module):
         """Append max_new_tokens sampled tokens to idx (B, T); the context is cropped to block_size."""
         for _ in range(max_new_tokens):
             logits, _ = self(idx[:, -self.config.block_size:])
-            logits = logits[:, -1, :].float() / max(temperature, 1e-8)
+            logits = logits[:, -1, :].float() / temperature
             if top_k is not None:
                 v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
                 logits[logits < v[:, [-1]]] = -float('inf')

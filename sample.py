@@ -47,6 +47,10 @@ def main(argv=None):
     p.add_argument('--seed', type=int, default=1337)
     p.add_argument('--device', default='auto', help="'auto', 'cpu', 'cuda', 'cuda:N'")
     args = p.parse_args(argv)
+    if args.temperature <= 0:
+        sys.exit(f"error: --temperature={args.temperature} must be positive (small values approach greedy decoding)")
+    if args.top_k is not None and args.top_k < 1:
+        sys.exit(f"error: --top_k={args.top_k} must be at least 1")
 
     name = args.ckpt or ('best.pt' if os.path.exists(os.path.join(args.out_dir, 'best.pt')) else 'ckpt.pt')
     device = args.device if args.device != 'auto' else ('cuda' if torch.cuda.is_available() else 'cpu')
@@ -63,19 +67,29 @@ def main(argv=None):
 
     prompt = args.start
     if prompt.startswith('FILE:'):
-        with open(prompt[5:], encoding='utf-8') as f:
-            prompt = f.read()
+        try:
+            with open(prompt[5:], encoding='utf-8') as f:
+                prompt = f.read()
+        except OSError as e:
+            sys.exit(f"error: cannot read the prompt file {prompt[5:]}: {e.strerror}")
     if not prompt:
         sys.exit("error: the prompt is empty; pass --start=TEXT")
-    encode, decode = make_codec(ckpt.get('meta'))
+    meta = ckpt.get('meta')
+    if meta is None and cfg.vocab_size < 50257:
+        sys.exit(f"error: the checkpoint's vocabulary of {cfg.vocab_size} tokens is not GPT-2's, and it holds no "
+                 f"character table to decode with; sample from a checkpoint written by train.py on that data")
+    if meta is not None and meta['vocab_size'] != cfg.vocab_size:
+        sys.exit(f"error: the checkpoint's model has {cfg.vocab_size} tokens but its vocabulary "
+                 f"{meta['vocab_size']}: it was not written by train.py")
+    encode, decode = make_codec(meta)
     try:
         ids = encode(prompt)
     except ValueError as e:
         sys.exit(f"error: {e}")
     x = torch.tensor(ids, dtype=torch.long, device=device)[None]
     generator = torch.Generator(device=device).manual_seed(args.seed)
-    autocast = torch.autocast('cuda', dtype=torch.bfloat16) if device.startswith('cuda') else torch.autocast('cpu', enabled=False)
-    with autocast:
+    bf16 = device.startswith('cuda') and torch.cuda.is_bf16_supported()
+    with torch.autocast(device.split(':')[0], dtype=torch.bfloat16, enabled=bf16):
         for _ in range(args.num_samples):
             y = model.generate(x, args.max_new_tokens, args.temperature, args.top_k, generator=generator)
             print(decode(y[0].tolist()))

@@ -8,16 +8,24 @@
 gradient_accumulation_steps counts the micro-steps of one optimizer step over all processes:
 a step always sees gradient_accumulation_steps * batch_size * block_size tokens, and each of
 the N processes runs gradient_accumulation_steps / N of them (which must divide evenly).
+
+Stopping and resuming: Ctrl-C or SIGTERM saves a checkpoint at the next step boundary and
+exits 0; --init_from=resume continues from the newest checkpoint that verifies, exactly as if
+uninterrupted (same process count). A resumed run may switch residual between 'additive' and
+'orthogonal' (and change ortho_* or dropout), with --reset_optimizer=True to restart AdamW and
+the schedule there; the change is recorded in the checkpoint's history.
 """
 
 import json
 import math
 import os
+import signal
 import sys
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, fields, replace
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -25,10 +33,15 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import checkpoint
 import configure
 from data.loader import TokenWindows
+from guards import Interrupt, NonFinite, StepScaler, rng_state, seed_all, set_rng_state
 from model import GPT, GPTConfig
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 MODEL_KEYS = [f.name for f in fields(GPTConfig)]
+# model keys a resumed run may change: they choose the update rule or only the initial weights
+SWITCHABLE = {'residual', 'ortho_mode', 'ortho_eps', 'ortho_prob', 'ortho_layers', 'dropout', 'init',
+              'sigma_w', 'sigma_qk'}
+UNRECORDED = {'init_from', 'eval_only', 'reset_optimizer'}
 
 
 def fail(msg):
@@ -54,12 +67,14 @@ def resolve_dtype(name, device_type):
     return 'float32'
 
 
-def get_lr(it, cfg):
-    """Linear warmup over warmup_iters, then cosine decay to min_lr at lr_decay_iters."""
+def get_lr(it, cfg, start=0):
+    """Linear warmup over warmup_iters from `start` (0, or where the optimizer was reset),
+    then cosine decay to min_lr at lr_decay_iters."""
     if not cfg.decay_lr:
         return cfg.learning_rate
     min_lr = cfg.learning_rate / 10 if cfg.min_lr is None else cfg.min_lr
-    decay_iters = cfg.max_iters if cfg.lr_decay_iters is None else cfg.lr_decay_iters
+    decay_iters = (cfg.max_iters if cfg.lr_decay_iters is None else cfg.lr_decay_iters) - start
+    it -= start
     if it < cfg.warmup_iters:
         return cfg.learning_rate * (it + 1) / (cfg.warmup_iters + 1)
     if it >= decay_iters:
@@ -69,10 +84,12 @@ def get_lr(it, cfg):
 
 
 def make_optimizer(model, cfg, device_type):
-    """AdamW; weight decay on matrices and embeddings (dim >= 2), none on gains and biases."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{'params': [p for p in params if p.dim() >= 2], 'weight_decay': cfg.weight_decay},
-              {'params': [p for p in params if p.dim() < 2], 'weight_decay': 0.0}]
+    """AdamW; weight decay on matrices and embeddings, none on gains and biases, nor on the raw W
+    behind orthogonal Q/K/V (decaying it pulls Q, K, V towards the identity, not towards zero)."""
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    decay = [p for n, p in params if p.dim() >= 2 and '.parametrizations.' not in n]
+    no_decay = [p for n, p in params if p.dim() < 2 or '.parametrizations.' in n]
+    groups = [{'params': decay, 'weight_decay': cfg.weight_decay}, {'params': no_decay, 'weight_decay': 0.0}]
     return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2),
                              fused=device_type == 'cuda')
 
@@ -81,47 +98,108 @@ def data_dir(cfg):
     return cfg.data_dir or os.path.join(ROOT, 'data', cfg.dataset)
 
 
+def check_tokens(path, meta, count_key, prepare_cmd):
+    """Refuse a truncated or foreign token file before training on it."""
+    size = os.path.getsize(path)
+    if size % 2:
+        fail(f"{path} has an odd number of bytes ({size}): truncated, or not a uint16 token file; "
+             f"recreate it: {prepare_cmd}")
+    if meta is None:
+        return
+    if count_key in meta and size // 2 != meta[count_key]:
+        fail(f"{path} holds {size // 2:,} tokens but meta.json records {meta[count_key]:,}: truncated or "
+             f"from another preparation; recreate it: {prepare_cmd}")
+    top = int(np.memmap(path, dtype=np.uint16, mode='r').max()) if size else 0
+    if top >= meta['vocab_size']:
+        fail(f"{path} holds token id {top} but the vocabulary has {meta['vocab_size']} symbols: not a file "
+             f"of this dataset; recreate it: {prepare_cmd}")
+
+
 def dataset_files(cfg, master, ddp):
     """(train.bin, val.bin, meta or None); prepares Tiny Shakespeare when its files are missing."""
     folder = data_dir(cfg)
     train_bin, val_bin = os.path.join(folder, 'train.bin'), os.path.join(folder, 'val.bin')
     meta_path = os.path.join(folder, 'meta.json')
+    prepare_cmd = f"python data/{cfg.dataset}/prepare.py"
     ready = os.path.exists(train_bin) and os.path.exists(val_bin)
     if not ready and cfg.dataset != 'shakespeare_char':
-        fail(f"dataset {cfg.dataset!r} is not prepared: {train_bin} is missing.\n"
-             f"Prepare it first: python data/{cfg.dataset}/prepare.py")
+        fail(f"dataset {cfg.dataset!r} is not prepared: {train_bin} is missing.\nPrepare it first: {prepare_cmd}")
     if not (ready and os.path.exists(meta_path)) and cfg.dataset == 'shakespeare_char':
+        error = None
         if master:
             from data.shakespeare_char.prepare import PrepareError, prepare
             try:
                 prepare(out_dir=folder)
             except PrepareError as e:
-                fail(str(e))
-        if ddp:
-            dist.barrier()
+                error = str(e)
+        if ddp:  # every process learns whether the preparation worked, so none waits forever
+            box = [error]
+            dist.broadcast_object_list(box, src=0)
+            error = box[0]
+        if error:
+            fail(error)
     meta = None
     if os.path.exists(meta_path):
         with open(meta_path, encoding='utf-8') as f:
             meta = json.load(f)
+    for path, key in ((train_bin, 'train_tokens'), (val_bin, 'val_tokens')):
+        check_tokens(path, meta, key, prepare_cmd)
     return train_bin, val_bin, meta
+
+
+def resume_problems(saved, cfg, saved_meta, meta):
+    """Why this config cannot continue the saved run (empty if it can)."""
+    problems = []
+    for k in MODEL_KEYS:
+        before, now = getattr(saved, k), getattr(cfg, k)
+        if before == now:
+            continue
+        if k == 'residual' and 'rotation' in (before, now):
+            problems.append(f"residual {before!r} -> {now!r}: 'rotation' builds another architecture (no norms "
+                            f"in the blocks, a weightless RMSNorm after the embeddings, no final norm), so its "
+                            f"weights do not carry over; switch between 'additive' and 'orthogonal' only")
+        elif k == 'block_size':
+            problems.append(f"block_size={now}: the checkpoint's position table has {before} positions; "
+                            f"resume with --block_size={before}")
+        elif k == 'vocab_size':
+            problems.append(f"the checkpoint was trained on a vocabulary of {before} tokens, the dataset now has "
+                            f"{now}; resume on the data it was trained on")
+        elif k not in SWITCHABLE:
+            problems.append(f"{k}={before!r} (saved) vs {now!r} (now)")
+    if saved_meta and meta and saved_meta['itos'] != meta['itos']:
+        problems.append("the dataset's characters differ from the ones the checkpoint was trained on")
+    return problems
 
 
 def train_step(model, optimizer, scaler, next_batch, micro_steps, grad_clip, autocast, ddp=False):
     """One optimizer step over micro_steps micro-batches from next_batch(); gradients average
     over micro-batches (and, through DDP, over processes, synchronised on the last micro-step
-    only). Returns the last micro-batch's loss as a tensor: reading it is the caller's choice."""
+    only). A step with an inf/nan gradient is skipped by the scaler. Returns the last
+    micro-batch's loss and each parameter's gradient norm, as device tensors: nothing syncs."""
     for micro_step in range(micro_steps):
         x, y = next_batch()
         with model.no_sync() if ddp and micro_step < micro_steps - 1 else nullcontext(), autocast:
             _, loss = model(x, y)
         scaler.scale(loss / micro_steps).backward()
+    scaler.unscale_(optimizer)
+    grads = [p.grad for group in optimizer.param_groups for p in group['params']]
+    norms = torch._foreach_norm(grads)  # what clip_grad_norm_ computes, kept per parameter
     if grad_clip > 0:
-        scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        total = torch.linalg.vector_norm(torch.stack(norms))
+        torch._foreach_mul_(grads, torch.clamp(grad_clip / (total + 1e-6), max=1.0))
     scaler.step(optimizer)
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
-    return loss.detach()
+    return loss.detach(), norms
+
+
+def oom_advice(cfg, first):
+    step = 'the first training step' if first else 'a training step'
+    b, g = cfg.batch_size, cfg.gradient_accumulation_steps
+    fix = (f"lower batch_size and raise gradient_accumulation_steps by the same factor, which keeps the tokens "
+           f"per step: --batch_size={b // 2} --gradient_accumulation_steps={g * 2}" if b > 1 else
+           "lower block_size, or the model size (n_layer, n_embd)")
+    return f"out of memory in {step} (batch_size={b}, block_size={cfg.block_size}, gradient_accumulation_steps={g}): {fix}"
 
 
 @torch.no_grad()
@@ -145,9 +223,24 @@ def evaluate(model, loaders, eval_iters, autocast, ddp):
     return out
 
 
+def open_log(path, start_iter):
+    """log.jsonl for appending, holding only the records up to start_iter: a run that died after
+    its last checkpoint logged steps the resumed run will log again."""
+    kept = []
+    if start_iter and os.path.exists(path):
+        with open(path) as f:
+            kept = [line for line in f if json.loads(line)['iter'] <= start_iter]
+    f = open(path, 'w')
+    f.writelines(kept)
+    return f
+
+
 def wandb_mode():
-    """'online' when a W&B key is configured (env or `wandb login`), else 'offline'."""
-    if os.environ.get('WANDB_API_KEY') or os.environ.get('WANDB_MODE') == 'online':
+    """WANDB_MODE if set; else 'online' when a W&B key is configured (env or `wandb login`),
+    else 'offline'."""
+    if os.environ.get('WANDB_MODE'):
+        return os.environ['WANDB_MODE']
+    if os.environ.get('WANDB_API_KEY'):
         return 'online'
     netrc = os.path.expanduser('~/.netrc')
     if os.path.exists(netrc):
@@ -164,7 +257,7 @@ def format_eta(seconds):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] in (['-h'], ['--help']):
+    if '-h' in argv or '--help' in argv:
         print(__doc__)
         print(configure.usage())
         return
@@ -193,50 +286,69 @@ def main(argv=None):
     tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
     dtype = resolve_dtype(cfg.dtype, device_type)
     autocast = nullcontext() if dtype == 'float32' else torch.autocast(device_type, dtype=getattr(torch, dtype))
-    if device_type == 'cuda':
+    if device_type == 'cuda' and dtype == 'float32':  # else TF32 would only blur the orthogonal Q/K/V maps
         torch.set_float32_matmul_precision('high')
+    was_deterministic = torch.are_deterministic_algorithms_enabled()
+    if cfg.deterministic:
+        os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
 
     train_bin, val_bin, meta = dataset_files(cfg, master, ddp)
     if meta is not None:
         cfg = replace(cfg, vocab_size=meta['vocab_size'])
 
-    ckpt = None
-    existing = os.path.join(cfg.out_dir, 'ckpt.pt')
-    if cfg.init_from == 'scratch' and os.path.exists(existing):
-        fail(f"{existing} exists and a run from scratch would overwrite it; continue it with "
-             f"--init_from=resume, or pick another --out_dir (or delete the old one)")
+    ckpt, history, changes = None, [], {}
+    if cfg.init_from == 'scratch' and os.path.exists(os.path.join(cfg.out_dir, 'ckpt.pt')):
+        fail(f"{os.path.join(cfg.out_dir, 'ckpt.pt')} exists and a run from scratch would overwrite it; continue "
+             f"it with --init_from=resume, or pick another --out_dir (or delete the old one)")
     if cfg.init_from == 'resume':
         try:
-            ckpt = checkpoint.load(existing)
+            ckpt, path, refused = checkpoint.load_latest(cfg.out_dir)
         except checkpoint.CheckpointError as e:
             fail(str(e))
+        if master:
+            for _, reason in refused:
+                print(f"warning: {reason}")
+            print(f"resuming from {path} (iteration {ckpt['iter_num']})")
         saved = configure.from_dict(ckpt['config'])
-        changed = [k for k in MODEL_KEYS if getattr(saved, k) != getattr(cfg, k)]
-        if changed:
-            fail("the checkpoint's model differs from this config: "
-                 + ', '.join(f"{k}={getattr(saved, k)!r} (saved) vs {getattr(cfg, k)!r} (now)" for k in changed)
-                 + "; resume with the config it was trained with")
+        problems = resume_problems(saved, cfg, ckpt.get('meta'), meta)
+        if problems:
+            fail(f"cannot resume {path} with this config:\n  " + "\n  ".join(problems))
+        changes = {k: [v, getattr(cfg, k)] for k, v in asdict(saved).items()
+                   if k not in UNRECORDED and v != getattr(cfg, k)}
+        history = ckpt.get('history', [])
 
-    torch.manual_seed(cfg.seed)  # the same initial weights in every process
+    seed_all(cfg.seed)  # the same initial weights in every process
     model = GPT(configure.model_config(cfg)).to(device)
     optimizer = make_optimizer(model, cfg, device_type)
-    scaler = torch.amp.GradScaler(device_type, enabled=dtype == 'float16')
+    scaler = StepScaler(device_type, dtype)
     train_loader = TokenWindows(train_bin, cfg.block_size, cfg.batch_size, cfg.seed + rank, device)
     eval_loaders = {split: TokenWindows(path, cfg.block_size, cfg.batch_size, cfg.seed + 10_000 + rank, device)
                     for split, path in (('train', train_bin), ('val', val_bin))}
-    iter_num, best_val_loss = 0, float('inf')
-    torch.manual_seed(cfg.seed + rank)  # dropout and stochastic connections differ per process
+    iter_num, best_val_loss, schedule_start = 0, float('inf'), 0
+    seed_all(cfg.seed + rank)  # dropout and stochastic connections differ per process
     if ckpt is not None:
         model.load_state_dict(ckpt['model'])
-        optimizer.load_state_dict(ckpt['optimizer'])
-        scaler.load_state_dict(ckpt['scaler'])
         iter_num, best_val_loss = ckpt['iter_num'], ckpt['best_val_loss']
+        schedule_start = ckpt.get('schedule_start', 0)
+        if cfg.reset_optimizer:
+            schedule_start = iter_num
+        else:
+            optimizer.load_state_dict(ckpt['optimizer'])
+            if ckpt['scaler']:
+                scaler.load_state_dict(ckpt['scaler'])
         streams = ckpt['streams']
         if len(streams) == world:
             train_loader.load_state_dict(streams[rank]['loader'])
-            torch.set_rng_state(streams[rank]['rng'])
+            set_rng_state(streams[rank]['rng'])
         elif master:
             print(f"note: checkpoint written by {len(streams)} processes, resuming on {world}: data streams re-seeded")
+        if changes or cfg.reset_optimizer:
+            history.append({'iter': iter_num, 'changes': changes, 'reset_optimizer': cfg.reset_optimizer})
+            if master:
+                print(f"at iteration {iter_num}: " + ', '.join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changes.items())
+                      + (" (optimizer and schedule reset)" if cfg.reset_optimizer else ""))
         del ckpt
     start_iter = iter_num
 
@@ -245,29 +357,36 @@ def main(argv=None):
         model = torch.compile(model)
     if ddp:
         model = DDP(model, device_ids=[local_rank] if device_type == 'cuda' else None)
+    names = {p: n for n, p in raw_model.named_parameters()}
+    nonfinite = NonFinite([names[p] for g in optimizer.param_groups for p in g['params']], device)
 
     run = None
     if master:
         os.makedirs(cfg.out_dir, exist_ok=True)
-        with open(os.path.join(cfg.out_dir, 'config.json'), 'w') as f:
-            json.dump(asdict(cfg), f, indent=1)
+        if not cfg.eval_only:
+            with open(os.path.join(cfg.out_dir, 'config.json'), 'w') as f:
+                json.dump(asdict(cfg), f, indent=1)
         print(f"{raw_model.num_params() / 1e6:.2f}M parameters, residual={cfg.residual}, qkv={cfg.qkv}; "
               f"{tokens_per_iter:,} tokens per iteration; {world} process(es) on {device}, {dtype}")
         if cfg.wandb_log:
             import wandb
             run = wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name, config=asdict(cfg),
                              dir=cfg.out_dir, mode=wandb_mode())
-    log_file = open(os.path.join(cfg.out_dir, 'log.jsonl'), 'a' if start_iter else 'w') if master else None
+    log_file = open_log(os.path.join(cfg.out_dir, 'log.jsonl'), start_iter) if master else None
 
     def log(record):
         if master:
             log_file.write(json.dumps(record) + '\n')
             log_file.flush()
             if run is not None:
-                run.log({k: v for k, v in record.items() if k != 'iter'}, step=record['iter'])
+                run.log({k: v for k, v in record.items() if isinstance(v, (int, float)) and k != 'iter'},
+                        step=record['iter'])
+
+    if history and history[-1]['iter'] == start_iter:
+        log({'iter': start_iter, 'event': 'resume', **history[-1]})
 
     def save(best):
-        mine = {'loader': pending_batch_state, 'rng': torch.get_rng_state()}
+        mine = {'loader': pending_batch_state, 'rng': rng_state(device_type)}
         streams = [mine]
         if ddp:
             streams = [None] * world
@@ -277,74 +396,116 @@ def main(argv=None):
         path = os.path.join(cfg.out_dir, 'ckpt.pt')
         checkpoint.save({'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(),
                          'scaler': scaler.state_dict(), 'iter_num': iter_num, 'best_val_loss': best_val_loss,
-                         'config': json.dumps(asdict(cfg)), 'meta': json.dumps(meta) if meta else None,
-                         'streams': streams}, path)
+                         'schedule_start': schedule_start, 'history': history, 'streams': streams,
+                         'config': json.dumps(asdict(cfg)), 'meta': json.dumps(meta) if meta else None}, path)
+        checkpoint.snapshot(cfg.out_dir, iter_num, cfg.keep_last_n)
         if best:
-            checkpoint.link_or_copy(path, os.path.join(cfg.out_dir, 'best.pt'))
+            checkpoint.link(path, os.path.join(cfg.out_dir, 'best.pt'))
 
-    if cfg.eval_only:
-        losses = evaluate(model, eval_loaders, cfg.eval_iters, autocast, ddp)
+    def finish():
+        interrupt.restore()
+        torch.use_deterministic_algorithms(was_deterministic)
         if master:
-            print(f"iter {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+            log_file.close()
+            if run is not None:
+                run.finish()
         if ddp:
             dist.destroy_process_group()
-        return
 
-    pending_batch_state = train_loader.state_dict()  # saved, so a resumed run redraws the pending batch
-    x, y = train_loader.next()
-
-    def next_batch():
-        """The pending batch; the following one is drawn now, so a CUDA copy overlaps compute."""
-        nonlocal x, y, pending_batch_state
-        batch = x, y
-        pending_batch_state = train_loader.state_dict()
-        x, y = train_loader.next()
-        return batch
-
-    dts, t_last, iters_since = [], time.perf_counter(), 0
-    while True:
-        if (iter_num % cfg.eval_interval == 0 or iter_num == cfg.max_iters) and not (iter_num == start_iter > 0):
+    interrupt = Interrupt()
+    try:
+        if cfg.eval_only:
             losses = evaluate(model, eval_loaders, cfg.eval_iters, autocast, ddp)
-            best = losses['val'] < best_val_loss
-            best_val_loss = min(best_val_loss, losses['val'])
             if master:
-                print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
-                      f"{' (best)' if best else ''}")
-            log({'iter': iter_num, 'train_loss': losses['train'], 'val_loss': losses['val']})
-            if iter_num > start_iter:
-                save(best)
-            t_last, iters_since = time.perf_counter(), 0
-        if iter_num >= cfg.max_iters:
-            break
+                print(f"iter {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+            return
 
-        lr = get_lr(iter_num, cfg)
-        for group in optimizer.param_groups:
-            group['lr'] = lr
-        loss = train_step(model, optimizer, scaler, next_batch, micro_steps, cfg.grad_clip, autocast, ddp)
-        iter_num += 1
-        iters_since += 1
+        pending_batch_state = train_loader.state_dict()  # saved, so a resumed run redraws the pending batch
+        x, y = train_loader.next()
 
-        if iter_num % cfg.log_interval == 0 and master:
-            lossf = loss.item()  # the host syncs here only, once per log line
-            now = time.perf_counter()
-            dt = (now - t_last) / iters_since
-            t_last, iters_since = now, 0
-            dts.append(dt)
-            eta = sorted(dts)[len(dts) // 2] * (cfg.max_iters - iter_num)
-            print(f"iter {iter_num}: loss {lossf:.4f}, lr {lr:.2e}, {dt * 1000:.1f} ms/iter, "
-                  f"{tokens_per_iter / dt:,.0f} tok/s, eta {format_eta(eta)}")
-            log({'iter': iter_num, 'loss': lossf, 'lr': lr, 'ms_per_iter': dt * 1000,
-                 'tokens_per_s': tokens_per_iter / dt})
+        def next_batch():
+            """The pending batch; the following one is drawn now, so a CUDA copy overlaps compute."""
+            nonlocal x, y, pending_batch_state
+            batch = x, y
+            pending_batch_state = train_loader.state_dict()
+            x, y = train_loader.next()
+            return batch
 
-    if master:
-        median = sorted(dts)[len(dts) // 2] if dts else float('nan')
-        print(f"done: {iter_num} iterations, best val loss {best_val_loss:.4f}, "
-              f"median {median * 1000:.1f} ms/iter, {tokens_per_iter / median:,.0f} tok/s")
-        log_file.close()
-        if run is not None:
-            run.finish()
-    if ddp:
-        dist.destroy_process_group()
+        dts, t_last, iters_since = [], time.perf_counter(), 0
+        while True:
+            if (iter_num % cfg.eval_interval == 0 or iter_num == cfg.max_iters) and not (iter_num == start_iter > 0):
+                losses = evaluate(model, eval_loaders, cfg.eval_iters, autocast, ddp)
+                best = losses['val'] < best_val_loss
+                best_val_loss = min(best_val_loss, losses['val'])
+                if master:
+                    print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
+                          f"{' (best)' if best else ''}")
+                log({'iter': iter_num, 'train_loss': losses['train'], 'val_loss': losses['val']})
+                if iter_num > start_iter:
+                    save(best)
+                t_last, iters_since = time.perf_counter(), 0
+            if iter_num >= cfg.max_iters:
+                break
+
+            lr = get_lr(iter_num, cfg, schedule_start)
+            for group in optimizer.param_groups:
+                group['lr'] = lr
+            try:
+                loss, grad_norms = train_step(model, optimizer, scaler, next_batch, micro_steps, cfg.grad_clip,
+                                              autocast, ddp)
+            except torch.OutOfMemoryError:
+                fail(oom_advice(cfg, iter_num == start_iter))
+            except RuntimeError as e:
+                if "can't allocate memory" not in str(e) and 'out of memory' not in str(e):
+                    raise
+                fail(oom_advice(cfg, iter_num == start_iter))
+            nonfinite.record(iter_num, loss, grad_norms)
+            iter_num += 1
+            iters_since += 1
+
+            at_log = iter_num % cfg.log_interval == 0  # the host syncs here only
+            if at_log:
+                count, first, streak, bad = nonfinite.check()
+                if master:
+                    lossf = loss.item()
+                    now = time.perf_counter()
+                    dt = (now - t_last) / iters_since
+                    t_last, iters_since = now, 0
+                    dts.append(dt)
+                    eta = sorted(dts)[len(dts) // 2] * (cfg.max_iters - iter_num)
+                    print(f"iter {iter_num}: loss {lossf:.4f}, lr {lr:.2e}, {dt * 1000:.1f} ms/iter, "
+                          f"{tokens_per_iter / dt:,.0f} tok/s, eta {format_eta(eta)}")
+                    log({'iter': iter_num, 'loss': lossf, 'lr': lr, 'ms_per_iter': dt * 1000,
+                         'tokens_per_s': tokens_per_iter / dt})
+                if count:
+                    where = ', '.join(bad[:8]) + (f" and {len(bad) - 8} more" if len(bad) > 8 else '')
+                    report = (f"non-finite loss or gradients at iteration {first} ({count} of the last "
+                              f"{cfg.log_interval} steps, skipped); parameters with non-finite gradients: "
+                              f"{where or 'none (the loss itself)'}")
+                    log({'iter': iter_num, 'event': 'nonfinite', 'first': first, 'count': count, 'params': bad})
+                    if cfg.nan_policy == 'stop' or streak >= cfg.nan_max_skips:
+                        save(False)
+                        why = ("nan_policy='stop'" if cfg.nan_policy == 'stop'
+                               else f"{streak} consecutive steps skipped (nan_max_skips={cfg.nan_max_skips})")
+                        fail(f"{report}.\nStopped ({why}); the parameters from before those steps are saved in "
+                             f"{cfg.out_dir}/ckpt.pt. Resume with a lower learning_rate or longer warmup_iters, "
+                             f"or with --nan_policy=skip")
+                    if master:
+                        print(f"warning: {report}")
+            signum = interrupt.agreed(ddp, device) if at_log or not ddp else 0
+            if signum:
+                save(False)
+                if master:
+                    print(f"stopped by {signal.Signals(signum).name} at iteration {iter_num}; checkpoint saved to "
+                          f"{cfg.out_dir}/ckpt.pt; continue with --init_from=resume")
+                return
+
+        if master:
+            median = sorted(dts)[len(dts) // 2] if dts else float('nan')
+            print(f"done: {iter_num} iterations, best val loss {best_val_loss:.4f}, "
+                  f"median {median * 1000:.1f} ms/iter, {tokens_per_iter / median:,.0f} tok/s")
+    finally:
+        finish()
 
 
 if __name__ == '__main__':

@@ -1,6 +1,7 @@
 """Load config files and --key=value overrides into a validated Config."""
 
 import difflib
+import math
 import os
 import runpy
 import sys
@@ -57,6 +58,8 @@ def coerce(key, value, hint):
             return tuple(value)
     elif hint is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):
+                raise ConfigError(f"{key}={value} must be a finite number")
             return float(value)
     elif hint is int:
         if isinstance(value, int) and not isinstance(value, bool):
@@ -80,13 +83,13 @@ def parse(key, text, hint):
             if lowered not in ('true', 'false', '1', '0', 'yes', 'no'):
                 raise ValueError
             return lowered in ('true', '1', 'yes')
-        if hint is int:
-            return int(text)
-        if hint is float:
-            return float(text)
+        if hint in (int, float):
+            return coerce(key, hint(text), hint)
         if origin is tuple:
             items = text.strip('()[] ').replace(',', ' ').split()
             return tuple(int(t) for t in items)
+    except ConfigError:
+        raise
     except ValueError:
         raise ConfigError(f"--{key}={text}: {key} expects {type_name(hint)}") from None
     if len(text) >= 2 and text[0] == text[-1] and text[0] in '\'"':

@@ -14,6 +14,8 @@ class Config(GPTConfig):
     # output, evaluation, logging
     out_dir: str = 'out'
     init_from: Literal['scratch', 'resume'] = 'scratch'  # 'resume': continue from out_dir/ckpt.pt
+    reset_optimizer: bool = False  # on resume: fresh AdamW state and a schedule restarted there
+    keep_last_n: int = 2  # also keep the last n checkpoints as ckpt-<iter>.pt (0: none)
     eval_interval: int = 250  # iterations between evaluations (and checkpoints)
     eval_iters: int = 200  # batches per split per evaluation
     eval_only: bool = False  # evaluate once and exit
@@ -42,6 +44,9 @@ class Config(GPTConfig):
     dtype: Literal['auto', 'float32', 'bfloat16', 'float16'] = 'auto'  # auto: bf16/fp16 on CUDA, fp32 elsewhere
     compile: bool | None = None  # torch.compile; default: on for CUDA only
     seed: int = 1337
+    deterministic: bool = False  # torch.use_deterministic_algorithms (bit-exact reruns on one GPU)
+    nan_policy: Literal['stop', 'skip'] = 'stop'  # on a non-finite loss/gradient: stop, or skip the step
+    nan_max_skips: int = 10  # 'skip': stop after this many consecutive skipped steps
 
     def __post_init__(self):
         super().__post_init__()
@@ -49,8 +54,14 @@ class Config(GPTConfig):
                     'log_interval', 'block_size', 'n_layer', 'n_embd', 'n_head', 'vocab_size'):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key}={getattr(self, key)} must be at least 1")
-        for key in ('max_iters', 'warmup_iters', 'learning_rate', 'weight_decay', 'grad_clip', 'dropout'):
+        for key in ('max_iters', 'warmup_iters', 'learning_rate', 'weight_decay', 'grad_clip', 'dropout',
+                    'keep_last_n', 'nan_max_skips'):
             if getattr(self, key) < 0:
                 raise ValueError(f"{key}={getattr(self, key)} must not be negative")
         if not 0 <= self.dropout < 1:
             raise ValueError(f"dropout={self.dropout} must lie in [0, 1)")
+        for key in ('beta1', 'beta2'):
+            if not 0 <= getattr(self, key) < 1:
+                raise ValueError(f"{key}={getattr(self, key)} must lie in [0, 1)")
+        if self.min_lr is not None and self.min_lr > self.learning_rate:
+            raise ValueError(f"min_lr={self.min_lr} exceeds learning_rate={self.learning_rate}")

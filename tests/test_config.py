@@ -69,6 +69,11 @@ def test_shakespeare_variants_differ_only_in_their_rule():
     ('--n_embd=100', 'not divisible by n_head'),
     ('--dropout=1.5', 'dropout=1.5 must lie in'),
     ('--batch_size=0', 'batch_size=0 must be at least 1'),
+    ('--n_head=0', 'n_head=0 must be at least 1'),
+    ('--learning_rate=nan', 'learning_rate=nan must be a finite number'),
+    ('--beta2=1.0', r'beta2=1.0 must lie in \[0, 1\)'),
+    ('--min_lr=1.0', 'min_lr=1.0 exceeds learning_rate'),
+    ('--ortho_eps=-1e-6', 'ortho_eps=-1e-06 must not be negative'),
 ])
 def test_bad_overrides(arg, expected):
     with pytest.raises(ConfigError, match=expected):

@@ -62,9 +62,10 @@ def block_norms(model, idx):
     return torch.stack(norms)
 
 
-@pytest.mark.parametrize('qkv', ['dense', 'cayley'])
-def test_rotation_keeps_every_block_on_the_sphere(qkv):
-    cfg = tiny(residual='rotation', n_layer=6, n_embd=32, qkv=qkv, init='sigma', tie_weights=False, sigma_w=1.0)
+@pytest.mark.parametrize('qkv,init', [('dense', 'sigma'), ('cayley', 'sigma'), ('dense', 'gpt2')])
+def test_rotation_keeps_every_block_on_the_sphere(qkv, init):
+    cfg = tiny(residual='rotation', n_layer=6, n_embd=32, qkv=qkv, init=init, tie_weights=init == 'gpt2',
+               sigma_w=1.0)
     model = GPT(cfg)
     # the paper's architecture: no norms in the blocks, none at the end, one weightless after the embeddings
     assert all(isinstance(b.ln_1, torch.nn.Identity) and isinstance(b.ln_2, torch.nn.Identity) for b in model.blocks)
@@ -152,6 +153,11 @@ def test_gpt2_init_and_loss_at_init():
     assert logits.shape == (8, 16, 50)
     assert abs(loss.item() - math.log(50)) < 0.1
     assert model(idx)[1] is None
+
+
+def test_global_mode_needs_sequences():
+    with pytest.raises(ValueError, match=r'takes \(B, T, d\) tensors, got shape \(4, 8\)'):
+        OrthogonalUpdate('global')(torch.randn(4, 8), torch.randn(4, 8))
 
 
 def test_config_errors():

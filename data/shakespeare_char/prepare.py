@@ -59,12 +59,13 @@ def prepare(input_path=None, out_dir=HERE):
     if len(text) < 2:
         raise PrepareError(f"the input has {len(text)} characters; a training text needs more")
     chars = sorted(set(text))
-    if len(chars) > 65535:
+    if len(chars) > 65536:
         raise PrepareError(f"{len(chars)} distinct characters do not fit uint16 ids")
     stoi = {c: i for i, c in enumerate(chars)}
     ids = np.array([stoi[c] for c in text], dtype=np.uint16)
     n_train = int(0.9 * len(ids))
-    meta = {'vocab_size': len(chars), 'itos': chars, 'stoi': stoi}
+    meta = {'vocab_size': len(chars), 'itos': chars, 'stoi': stoi,
+            'train_tokens': n_train, 'val_tokens': len(ids) - n_train}
     write_atomic(os.path.join(out_dir, 'train.bin'), ids[:n_train].tobytes())
     write_atomic(os.path.join(out_dir, 'val.bin'), ids[n_train:].tobytes())
     # meta.json last: its presence marks a finished preparation
