@@ -22,6 +22,7 @@ from dataclasses import replace
 import torch
 
 import configure
+import diagnostics
 from guards import StepScaler
 from model import GPT
 from train import data_dir, make_optimizer, resolve_device, resolve_dtype, train_step
@@ -73,6 +74,16 @@ class Runner:
         train_step(self.model, self.optimizer, self.scaler, lambda: (self.x, self.y),
                    self.cfg.gradient_accumulation_steps, self.cfg.grad_clip, self.autocast)
 
+    def time_dynamics(self):
+        """Seconds for one --dynamics measurement, as train.py makes it."""
+        self.sync()
+        t0 = time.perf_counter()
+        self.raw.eval()
+        diagnostics.stats_record(0, self.raw, diagnostics.update_stats(self.raw, self.x))
+        self.raw.train()
+        self.sync()
+        return time.perf_counter() - t0
+
     def sync(self):
         if self.device_type == 'cuda':
             torch.cuda.synchronize(self.device)
@@ -107,6 +118,8 @@ def main(argv=None):
     p.add_argument('--compile', action='store_true', help='torch.compile each model')
     p.add_argument('--peak_tflops', type=float, default=None, help='device peak for MFU (default: a table for known GPUs)')
     p.add_argument('--profile', default=None, help='write a torch profiler trace of each variant to this folder')
+    p.add_argument('--dynamics', action='store_true',
+                   help="also time train.py's --dynamics measurement against dynamics_interval steps")
     args, rest = p.parse_known_args(argv)
     try:
         base = configure.load(args.config + rest)
@@ -154,6 +167,13 @@ def main(argv=None):
             mem = f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB (process)"
         print(f"| {v} | {med * 1e3:.1f} | {ts[0] * 1e3:.1f}-{ts[-1] * 1e3:.1f} | {r.tokens_per_iter / med:,.0f} | "
               f"{mfu} | {mem} | {(med / ref - 1) * 100:+.1f}% |")
+    if args.dynamics:
+        print(f"\n| variant | one dynamics measurement, ms | overhead at dynamics_interval={base.dynamics_interval} |")
+        print("|---|---|---|")
+        for v, r in runners.items():
+            dyn = sorted(r.time_dynamics() for _ in range(args.repeats))[args.repeats // 2]
+            step = sorted(times[v])[len(times[v]) // 2]
+            print(f"| {v} | {dyn * 1e3:.1f} | {dyn / (base.dynamics_interval * step):.2%} |")
 
 
 if __name__ == '__main__':

@@ -32,6 +32,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import checkpoint
 import configure
+import diagnostics
+from data import loader, shards
 from data.loader import TokenWindows
 from guards import Interrupt, NonFinite, StepScaler, rng_state, seed_all, set_rng_state
 from model import GPT, GPTConfig
@@ -116,15 +118,15 @@ def check_tokens(path, meta, count_key, prepare_cmd):
 
 
 def dataset_files(cfg, master, ddp):
-    """(train.bin, val.bin, meta or None); prepares Tiny Shakespeare when its files are missing."""
+    """(train arrays, val arrays, meta or None): the token files of cfg.dataset as memory maps;
+    prepares Tiny Shakespeare when its files are missing."""
     folder = data_dir(cfg)
-    train_bin, val_bin = os.path.join(folder, 'train.bin'), os.path.join(folder, 'val.bin')
+    char = cfg.dataset == 'shakespeare_char'
+    prepare_cmd = (f"python data/{cfg.dataset}/prepare.py" if char else
+                   f"python data/prepare_text.py --dataset {cfg.dataset}  (local files: --files PATTERN "
+                   f"--name {cfg.dataset})")
     meta_path = os.path.join(folder, 'meta.json')
-    prepare_cmd = f"python data/{cfg.dataset}/prepare.py"
-    ready = os.path.exists(train_bin) and os.path.exists(val_bin)
-    if not ready and cfg.dataset != 'shakespeare_char':
-        fail(f"dataset {cfg.dataset!r} is not prepared: {train_bin} is missing.\nPrepare it first: {prepare_cmd}")
-    if not (ready and os.path.exists(meta_path)) and cfg.dataset == 'shakespeare_char':
+    if char and not (loader.find(folder) and os.path.exists(meta_path)):
         error = None
         if master:
             from data.shakespeare_char.prepare import PrepareError, prepare
@@ -138,13 +140,23 @@ def dataset_files(cfg, master, ddp):
             error = box[0]
         if error:
             fail(error)
+    found = loader.find(folder)
+    if found is None:
+        fail(f"dataset {cfg.dataset!r} is not prepared: {folder} holds neither train.bin/val.bin nor "
+             f"train_*.bin/val_*.bin shards.\nPrepare it first: {prepare_cmd}")
+    is_shards, paths = found
     meta = None
     if os.path.exists(meta_path):
         with open(meta_path, encoding='utf-8') as f:
             meta = json.load(f)
-    for path, key in ((train_bin, 'train_tokens'), (val_bin, 'val_tokens')):
-        check_tokens(path, meta, key, prepare_cmd)
-    return train_bin, val_bin, meta
+    if not is_shards:
+        for split in ('train', 'val'):
+            check_tokens(paths[split][0], meta, f'{split}_tokens', prepare_cmd)
+    try:
+        arrays = {split: [loader.open_tokens(p, is_shards) for p in paths[split]] for split in ('train', 'val')}
+    except shards.ShardError as e:
+        fail(str(e))
+    return arrays['train'], arrays['val'], meta
 
 
 def resume_problems(saved, cfg, saved_meta, meta):
@@ -205,14 +217,14 @@ def oom_advice(cfg, first):
 @torch.no_grad()
 def evaluate(model, loaders, eval_iters, autocast, ddp):
     """Mean loss per split over eval_iters batches; the loaders restart, so every evaluation
-    sees the same batches. Under DDP each process draws its own and the means are averaged."""
+    sees the same batches. Under DDP the processes draw distinct batches; the means are averaged."""
     model.eval()
     out = {}
-    for split, loader in loaders.items():
-        loader.reset()
-        total = torch.zeros((), device=loader.device)
+    for split, batches in loaders.items():
+        batches.reset()
+        total = torch.zeros((), device=batches.device)
         for _ in range(eval_iters):
-            x, y = loader.next()
+            x, y = batches.next()
             with autocast:
                 _, loss = model(x, y)
             total += loss.float()
@@ -248,6 +260,21 @@ def wandb_mode():
             if 'api.wandb.ai' in f.read():
                 return 'online'
     return 'offline'
+
+
+def flatten(record, prefix=''):
+    """Numbers of a nested record as {'a/b/0': v} for wandb."""
+    out = {}
+    for k, v in record.items():
+        if k == 'iter' and not prefix:
+            continue
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}/"))
+        elif isinstance(v, list):
+            out.update({f"{prefix}{k}/{i}": e for i, e in enumerate(v) if isinstance(e, (int, float))})
+        elif isinstance(v, (int, float)):
+            out[prefix + k] = v
+    return out
 
 
 def format_eta(seconds):
@@ -294,7 +321,7 @@ def main(argv=None):
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.benchmark = False
 
-    train_bin, val_bin, meta = dataset_files(cfg, master, ddp)
+    train_arrays, val_arrays, meta = dataset_files(cfg, master, ddp)
     if meta is not None:
         cfg = replace(cfg, vocab_size=meta['vocab_size'])
 
@@ -323,9 +350,9 @@ def main(argv=None):
     model = GPT(configure.model_config(cfg)).to(device)
     optimizer = make_optimizer(model, cfg, device_type)
     scaler = StepScaler(device_type, dtype)
-    train_loader = TokenWindows(train_bin, cfg.block_size, cfg.batch_size, cfg.seed + rank, device)
-    eval_loaders = {split: TokenWindows(path, cfg.block_size, cfg.batch_size, cfg.seed + 10_000 + rank, device)
-                    for split, path in (('train', train_bin), ('val', val_bin))}
+    train_loader = TokenWindows(train_arrays, cfg.block_size, cfg.batch_size, cfg.seed, device, rank, world)
+    eval_loaders = {split: TokenWindows(arrays, cfg.block_size, cfg.batch_size, cfg.seed + 10_000, device, rank, world)
+                    for split, arrays in (('train', train_arrays), ('val', val_arrays))}
     iter_num, best_val_loss, schedule_start = 0, float('inf'), 0
     seed_all(cfg.seed + rank)  # dropout and stochastic connections differ per process
     if ckpt is not None:
@@ -373,24 +400,28 @@ def main(argv=None):
             run = wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name, config=asdict(cfg),
                              dir=cfg.out_dir, mode=wandb_mode())
     log_file = open_log(os.path.join(cfg.out_dir, 'log.jsonl'), start_iter) if master else None
+    dynamics_file = (open_log(os.path.join(cfg.out_dir, 'dynamics.jsonl'), start_iter)
+                     if master and cfg.dynamics else None)
 
-    def log(record):
+    def log(record, file=None):
         if master:
-            log_file.write(json.dumps(record) + '\n')
-            log_file.flush()
+            (file or log_file).write(json.dumps(record) + '\n')
+            (file or log_file).flush()
             if run is not None:
-                run.log({k: v for k, v in record.items() if isinstance(v, (int, float)) and k != 'iter'},
-                        step=record['iter'])
+                run.log(flatten(record), step=record['iter'])
 
     if history and history[-1]['iter'] == start_iter:
         log({'iter': start_iter, 'event': 'resume', **history[-1]})
 
     def save(best):
-        mine = {'loader': pending_batch_state, 'rng': rng_state(device_type)}
+        mine = {'loader': pending_batch_state, 'rng': rng_state(device_type), 'batch_starts': train_loader.last_starts,
+                'weights': torch.stack([p.detach().double().sum() for p in raw_model.parameters()]).cpu()}
         streams = [mine]
         if ddp:
             streams = [None] * world
             dist.all_gather_object(streams, mine)
+            if not all(torch.equal(s['weights'], mine['weights']) for s in streams):
+                fail(f"at iteration {iter_num} the {world} processes hold different weights: DDP replicas diverged")
         if not master:
             return
         path = os.path.join(cfg.out_dir, 'ckpt.pt')
@@ -407,6 +438,8 @@ def main(argv=None):
         torch.use_deterministic_algorithms(was_deterministic)
         if master:
             log_file.close()
+            if dynamics_file:
+                dynamics_file.close()
             if run is not None:
                 run.finish()
         if ddp:
@@ -437,10 +470,17 @@ def main(argv=None):
                 losses = evaluate(model, eval_loaders, cfg.eval_iters, autocast, ddp)
                 best = losses['val'] < best_val_loss
                 best_val_loss = min(best_val_loss, losses['val'])
+                record = {'iter': iter_num, 'train_loss': losses['train'], 'val_loss': losses['val']}
+                if master and cfg.dynamics:  # Oh et al. App. D: effective rank of the final representation
+                    eval_loaders['val'].reset()
+                    raw_model.eval()
+                    record['effective_rank'] = diagnostics.effective_rank(
+                        diagnostics.final_features(raw_model, eval_loaders['val'].next()[0]))
+                    raw_model.train()
                 if master:
                     print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
                           f"{' (best)' if best else ''}")
-                log({'iter': iter_num, 'train_loss': losses['train'], 'val_loss': losses['val']})
+                log(record)
                 if iter_num > start_iter:
                     save(best)
                 t_last, iters_since = time.perf_counter(), 0
@@ -462,6 +502,11 @@ def main(argv=None):
             nonfinite.record(iter_num, loss, grad_norms)
             iter_num += 1
             iters_since += 1
+            if master and cfg.dynamics and iter_num % cfg.dynamics_interval == 0:
+                raw_model.eval()  # no dropout, expected stochastic connections: no random numbers drawn
+                stats = diagnostics.update_stats(raw_model, x)
+                raw_model.train()
+                log(diagnostics.stats_record(iter_num, raw_model, stats), dynamics_file)
 
             at_log = iter_num % cfg.log_interval == 0  # the host syncs here only
             if at_log:

@@ -141,9 +141,10 @@ def build(values):
         raise ConfigError(str(e)) from None
 
 
-def load(argv):
-    """Config from a list of config-file paths and --key=value overrides, applied left to right."""
-    values = {f.name: f.default for f in fields(Config) if f.default is not MISSING}
+def load(argv, base=None):
+    """Config from a list of config-file paths and --key=value overrides, applied left to right
+    to the defaults (or to the Config `base`)."""
+    values = asdict(base) if base is not None else {f.name: f.default for f in fields(Config) if f.default is not MISSING}
     for arg in argv:
         if arg.startswith('--'):
             key, eq, text = arg[2:].partition('=')

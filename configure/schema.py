@@ -20,6 +20,8 @@ class Config(GPTConfig):
     eval_iters: int = 200  # batches per split per evaluation
     eval_only: bool = False  # evaluate once and exit
     log_interval: int = 10  # iterations between log lines
+    dynamics: bool = False  # log per-block stream statistics to out_dir/dynamics.jsonl (plot_dynamics.py)
+    dynamics_interval: int = 100  # iterations between those measurements (one extra forward each)
     wandb_log: bool = False  # offline mode when no WANDB_API_KEY is set
     wandb_project: str = 'orthogpt'
     wandb_run_name: str | None = None
@@ -51,7 +53,7 @@ class Config(GPTConfig):
     def __post_init__(self):
         super().__post_init__()
         for key in ('batch_size', 'gradient_accumulation_steps', 'eval_interval', 'eval_iters',
-                    'log_interval', 'block_size', 'n_layer', 'n_embd', 'n_head', 'vocab_size'):
+                    'log_interval', 'dynamics_interval', 'block_size', 'n_layer', 'n_embd', 'n_head', 'vocab_size'):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key}={getattr(self, key)} must be at least 1")
         for key in ('max_iters', 'warmup_iters', 'learning_rate', 'weight_decay', 'grad_clip', 'dropout',

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from data.loader import TokenWindows
+from data.loader import TokenWindows, open_tokens
 from data.shakespeare_char import prepare as prep
 
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n" * 20
@@ -53,7 +53,7 @@ def test_windows_are_shifted_slices_of_the_file(tmp_path):
     tokens = np.arange(1000, dtype=np.uint16)
     path = tmp_path / 'train.bin'
     tokens.tofile(path)
-    loader = TokenWindows(str(path), block_size=16, batch_size=5, seed=3)
+    loader = TokenWindows([open_tokens(str(path), False)], block_size=16, batch_size=5, seed=3)
     x, y = loader.next()
     assert x.shape == y.shape == (5, 16) and x.dtype == torch.long
     assert torch.equal(y, x + 1)  # consecutive tokens in this file
@@ -66,8 +66,25 @@ def test_windows_are_shifted_slices_of_the_file(tmp_path):
     assert torch.equal(loader.next()[0], x)
 
 
-def test_too_short_file_is_refused(tmp_path):
-    path = tmp_path / 'val.bin'
-    np.arange(10, dtype=np.uint16).tofile(path)
-    with pytest.raises(ValueError, match='too few for block_size=16'):
-        TokenWindows(str(path), block_size=16, batch_size=2, seed=0)
+def test_too_short_file_is_refused():
+    with pytest.raises(ValueError, match='too few for 2 windows of block_size=16'):
+        TokenWindows([np.arange(10, dtype=np.uint16)], block_size=16, batch_size=2, seed=0)
+
+
+def test_windows_span_several_arrays_in_proportion():
+    arrays = [np.full(1000, 1, dtype=np.uint16), np.full(3000, 2, dtype=np.uint16), np.full(8, 3, dtype=np.uint16)]
+    x, _ = TokenWindows(arrays, block_size=8, batch_size=3000, seed=0).next()
+    assert x.min(1).values.eq(x.max(1).values).all(), "a window never straddles two arrays"
+    share = (x[:, 0] == 2).float().mean().item()
+    assert abs(share - 2992 / (992 + 2992)) < 0.03 and not (x == 3).any()
+
+
+def test_processes_draw_disjoint_windows_and_one_process_is_unchanged():
+    tokens = np.arange(60, dtype=np.uint16)  # 52 windows of 8: collisions are likely without the redraw
+    single = TokenWindows([tokens], block_size=8, batch_size=6, seed=5)
+    first = torch.randint(52, (6,), generator=torch.Generator().manual_seed(5))
+    assert torch.equal(single.next()[0][:, 0], first)
+    for step in range(20):
+        starts = [TokenWindows([tokens], 8, 6, seed=5 + step, rank=r, world=4).next()[0][:, 0] for r in range(4)]
+        allstarts = torch.cat(starts)
+        assert len(set(allstarts.tolist())) == 24, "no window is trained on by two processes in a step"

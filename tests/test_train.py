@@ -97,7 +97,7 @@ def test_resume_without_checkpoint(tmp_path, char_data):
 
 
 def test_unprepared_dataset_names_the_prepare_command(tmp_path):
-    with pytest.raises(SystemExit, match=r'python data/openwebtext/prepare.py'):
+    with pytest.raises(SystemExit, match=r'python data/prepare_text.py --dataset openwebtext'):
         train.main(['--dataset=openwebtext', f'--data_dir={tmp_path}', '--device=cpu'])
 
 

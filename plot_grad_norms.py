@@ -1,0 +1,146 @@
+"""Layer-wise gradient norms, per variant: the Orthogonal Transformer paper's figure.
+
+    python plot_grad_norms.py config/shakespeare_add.py config/shakespeare_rot.py --sigma_w=0.2,0.4,0.6,0.8,1.0
+    python plot_grad_norms.py config/shakespeare_rot.py --step=500 --batch_size=16   # after 500 steps
+    python plot_grad_norms.py config/shakespeare_rot.py --ckpt=out-shakespeare-rot/ckpt.pt
+
+For each config (and each sigma_w of the sweep) the model is built at initialisation (or trained
+--step steps from it with the config's optimizer and schedule, or loaded with --ckpt), then the
+loss is back-propagated on --batches real training batches, and the mean per-token L2 norm of
+d loss / d x^(l) is recorded for every residual layer l = 1..2L (the output of each attention
+and MLP update; even l are block outputs), averaged over batches and --seeds initialisations.
+Writes OUT.csv (one row per config, sigma_w and layer) and OUT.png (one panel per config, one
+line per sigma_w, log scale, with a 1/sqrt(l) reference for models with pre-norm blocks).
+Other --key=value arguments override every config (e.g. --batch_size=8 for a quicker run).
+"""
+
+import argparse
+import csv
+import os
+import statistics
+from contextlib import nullcontext
+from dataclasses import replace
+
+import torch
+
+import checkpoint
+import configure
+import diagnostics
+from data.loader import TokenWindows
+from guards import StepScaler, seed_all
+from model import GPT, RESIDUALS
+from train import dataset_files, get_lr, make_optimizer, resolve_device, train_step
+
+
+def build(cfg, step, ckpt_path):
+    """The model to measure and a loader of training batches."""
+    train_arrays, _, meta = dataset_files(cfg, master=True, ddp=False)
+    if meta is not None:
+        cfg = replace(cfg, vocab_size=meta['vocab_size'])
+    device = resolve_device(cfg.device)
+    loader = TokenWindows(train_arrays, cfg.block_size, cfg.batch_size, cfg.seed, device)
+    seed_all(cfg.seed)
+    model = GPT(configure.model_config(cfg)).to(device)
+    if ckpt_path:
+        model.load_state_dict(checkpoint.load(ckpt_path)['model'])
+    device_type = device.split(':')[0]
+    optimizer, scaler = make_optimizer(model, cfg, device_type), StepScaler(device_type, 'float32')
+    for it in range(step):
+        for group in optimizer.param_groups:
+            group['lr'] = get_lr(it, cfg)
+        train_step(model, optimizer, scaler, loader.next, cfg.gradient_accumulation_steps, cfg.grad_clip,
+                   nullcontext())
+    return model, loader
+
+
+def measure(model, loader, batches):
+    """(2L, batches) gradient norms, one column per batch."""
+    cols = []
+    for _ in range(batches):
+        x, y = loader.next()
+        with diagnostics.residual_grads(model) as grads:
+            _, loss = model(x, y)
+            loss.backward()
+        model.zero_grad(set_to_none=True)
+        cols.append(torch.stack(grads).tolist())
+    return [list(row) for row in zip(*cols)]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('configs', nargs='+', help='config files (one panel each) and --key=value overrides')
+    p.add_argument('--sigma_w', default=None, help='comma-separated sweep (init=sigma); default: the config value')
+    p.add_argument('--batches', type=int, default=4, help='training batches per measurement')
+    p.add_argument('--seeds', type=int, default=3, help='initialisations to average over')
+    p.add_argument('--step', type=int, default=0, help='train this many steps from initialisation first')
+    p.add_argument('--ckpt', default=None, help='measure this checkpoint instead (one config: its own)')
+    p.add_argument('--out', default='grad_norms', help='writes OUT.csv and OUT.png')
+    args, overrides = p.parse_known_args(argv)
+    files = [c for c in args.configs if not c.startswith('--')]
+    overrides += [c for c in args.configs if c.startswith('--')]
+    if args.ckpt:
+        if args.sigma_w or files:
+            raise SystemExit("error: --ckpt measures one trained model: give neither config files nor --sigma_w")
+        files = [None]
+    sweep = [None] if args.sigma_w is None else [float(v) for v in args.sigma_w.split(',')]
+
+    rows, panels = [], {}
+    for path in files:
+        for sigma in sweep:
+            samples = None
+            for seed in range(args.seeds):
+                extra = overrides + [f'--seed={1337 + seed}'] + ([f'--sigma_w={sigma}'] if sigma is not None else [])
+                try:
+                    if path is None:
+                        cfg = configure.load(extra, base=configure.from_dict(checkpoint.load(args.ckpt)['config']))
+                    else:
+                        cfg = configure.load([path] + extra)
+                except (configure.ConfigError, checkpoint.CheckpointError) as e:
+                    raise SystemExit(f"error: {e}")
+                if sigma is not None and cfg.init != 'sigma':
+                    raise SystemExit(f"error: --sigma_w sweeps the 'sigma' initialisation, but {path} uses init={cfg.init!r}")
+                model, loader = build(cfg, args.step, args.ckpt)
+                norms = measure(model, loader, args.batches)
+                samples = norms if samples is None else [a + b for a, b in zip(samples, norms)]
+            name = os.path.splitext(os.path.basename(path or args.ckpt))[0]
+            label = f"sigma_w={cfg.sigma_w:g}" if cfg.init == 'sigma' else cfg.init
+            means = [statistics.fmean(s) for s in samples]
+            panels.setdefault(name, (cfg, []))[1].append((label, means))
+            for l, s in enumerate(samples):
+                rows.append({'config': name, 'residual': cfg.residual, 'qkv': cfg.qkv, 'init': cfg.init,
+                             'sigma_w': cfg.sigma_w, 'step': args.step, 'layer': l + 1, 'block': l // 2,
+                             'sublayer': ('attn', 'mlp')[l % 2], 'grad_norm': statistics.fmean(s),
+                             'std': statistics.stdev(s) if len(s) > 1 else 0.0})
+            print(f"{name} {label}: max/min over layers {max(means) / min(means):.2f}")
+
+    with open(args.out + '.csv', 'w', newline='') as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    plot(panels, args.out + '.png', args.step)
+    print(f"wrote {args.out}.csv and {args.out}.png")
+
+
+def plot(panels, path, step):
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False, sharey=True)
+    for ax, (name, (cfg, lines)) in zip(axes[0], panels.items()):
+        layers = range(1, 2 * cfg.n_layer + 1)
+        for label, means in lines:
+            ax.plot(layers, means, marker='.', label=label)
+        if not RESIDUALS[cfg.residual].keeps_norm:
+            first = lines[-1][1][0]
+            ax.plot(layers, [first / l ** 0.5 for l in layers], 'k--', lw=1, label='∝ 1/√l')
+        ax.set_yscale('log')
+        ax.set_xlabel('residual layer l (even: block outputs)')
+        ax.set_title(f"{name}: {cfg.residual}, {cfg.n_layer} x {cfg.n_embd}" + (f", step {step}" if step else ''))
+        ax.legend(fontsize=8)
+    axes[0][0].set_ylabel('mean per-token ||dL/dx^(l)||')
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,120 @@
+"""Gradient norms per residual layer, training dynamics and effective rank."""
+
+import csv
+import json
+import math
+import os
+
+import pytest
+import torch
+
+import diagnostics
+import plot_dynamics
+import plot_grad_norms
+from model import GPT, GPTConfig
+from test_train import ROOT, records, run
+
+SMALL = ['--n_embd=32', '--n_head=2', '--block_size=32', '--batch_size=4', '--batches=2', '--seeds=2']
+
+
+def cfgfile(name):
+    return os.path.join(ROOT, 'config', name)
+
+
+def read_csv(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_grad_norm_tool_writes_one_row_per_layer(tmp_path, char_data):
+    out = tmp_path / 'gn'
+    plot_grad_norms.main([cfgfile('shakespeare_add.py'), '--n_layer=3', *SMALL, f'--data_dir={char_data}',
+                          f'--out={out}'])
+    rows = read_csv(f'{out}.csv')
+    assert [int(r['layer']) for r in rows] == list(range(1, 7))
+    assert [r['sublayer'] for r in rows] == ['attn', 'mlp'] * 3
+    assert all(math.isfinite(float(r['grad_norm'])) and float(r['grad_norm']) > 0 for r in rows)
+    assert os.path.getsize(f'{out}.png') > 1000
+
+
+def test_rotation_gradients_stay_flat_where_additive_decays(tmp_path, char_data):
+    """The Orthogonal Transformer paper's figure, at 16 layers: the ordering, not its numbers."""
+    out = tmp_path / 'gn'
+    plot_grad_norms.main([cfgfile('shakespeare_add.py'), cfgfile('shakespeare_rot.py'), '--sigma_w=0.3,1.0',
+                          *SMALL, f'--data_dir={char_data}', f'--out={out}'])
+    ratio = {}
+    for r in read_csv(f'{out}.csv'):
+        ratio.setdefault((r['residual'], float(r['sigma_w'])), []).append(float(r['grad_norm']))
+    ratio = {k: max(v) / min(v) for k, v in ratio.items()}
+    assert len(ratio) == 4
+    assert ratio['rotation', 0.3] < 1.25
+    assert ratio['additive', 1.0] > 2 * ratio['rotation', 0.3]
+    assert ratio['additive', 1.0] > ratio['additive', 0.3]  # the decay grows with sigma_w
+
+
+def test_residual_grads_are_the_autograd_gradients():
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=11))
+    idx = torch.randint(11, (3, 8))
+    outs = []
+
+    def keep(module, inputs, output):
+        output.retain_grad()
+        outs.append(output)
+    hooks = [m.register_forward_hook(keep) for _, _, m in diagnostics.updates(model)]
+    with diagnostics.residual_grads(model) as grads:
+        model(idx, idx)[1].backward()
+    for h in hooks:
+        h.remove()
+    for g, x in zip(grads, outs):
+        assert torch.allclose(g, x.grad.norm(dim=-1).mean())
+
+
+def test_update_stats():
+    cfg = dict(n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=11)
+    idx = torch.randint(11, (3, 8))
+    rot = diagnostics.update_stats(GPT(GPTConfig(residual='rotation', **cfg)), idx)
+    assert rot.shape == (4, 5)
+    assert torch.allclose(rot[:, 0], torch.full((4,), 16.0))  # ||x||^2 = d on the sphere
+    assert torch.all(rot[:, 4] > 0)  # theta
+    add = diagnostics.update_stats(GPT(GPTConfig(**cfg)), idx)
+    assert torch.isnan(add[:, 4]).all() and torch.all(add[:, 1:3] >= 0) and torch.all(add[:, 3].abs() <= 1)
+
+
+def test_effective_rank():
+    g = torch.Generator().manual_seed(0)
+    assert diagnostics.effective_rank(torch.randn(20000, 8, generator=g)) == pytest.approx(8, rel=0.01)
+    line = torch.randn(500, 1, generator=g) * torch.randn(1, 8, generator=g)
+    assert diagnostics.effective_rank(line) == pytest.approx(1, abs=1e-6)
+
+
+def test_dynamics_log_and_plots(tmp_path, char_data):
+    args = ['--max_iters=20', '--eval_interval=10', '--dropout=0.1', '--ortho_prob=0.5']
+    plain = run(tmp_path, char_data, *args, config='shakespeare_ortho.py', out='plain')
+    assert not (plain / 'dynamics.jsonl').exists()
+    out = run(tmp_path, char_data, *args, '--dynamics=True', '--dynamics_interval=5', config='shakespeare_ortho.py')
+    with open(out / 'dynamics.jsonl') as f:
+        lines = [json.loads(line) for line in f]
+    assert [r['iter'] for r in lines] == [5, 10, 15, 20]
+    assert all(len(r[sub][s]) == 2 for r in lines for sub in ('attn', 'mlp') for s in diagnostics.STATS)
+    assert all(r['attn']['theta'] == [None, None] for r in lines)
+    ranks = [r['effective_rank'] for r in records(out) if 'val_loss' in r]
+    assert len(ranks) == 3 and all(1 <= e <= 32 for e in ranks)
+    # measuring draws no random numbers and changes nothing: the same losses as without it
+    strip = lambda d: [{k: v for k, v in r.items() if k in ('iter', 'loss', 'val_loss')} for r in records(d)]  # noqa: E731
+    assert strip(out) == strip(plain)
+    plot_dynamics.main([str(out), '--out', str(tmp_path / 'dyn')])
+    assert sorted(p.name for p in tmp_path.glob('dyn_*.png')) == [
+        'dyn_cos.png', 'dyn_effective_rank.png', 'dyn_par_sq.png', 'dyn_perp_sq.png', 'dyn_stream_sq.png']
+
+
+def test_dynamics_off_runs_no_measurement(tmp_path, char_data, monkeypatch):
+    def forbidden(*a, **k):
+        raise AssertionError('measured with dynamics off')
+    monkeypatch.setattr(diagnostics, 'update_stats', forbidden)
+    monkeypatch.setattr(diagnostics, 'effective_rank', forbidden)
+    run(tmp_path, char_data, '--max_iters=10', '--eval_interval=5')
+
+
+def test_plot_dynamics_needs_the_log(tmp_path):
+    with pytest.raises(SystemExit, match='train the run with --dynamics=True'):
+        plot_dynamics.main([str(tmp_path)])
