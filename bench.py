@@ -4,17 +4,16 @@
     python bench.py config/shakespeare_add.py --variants=additive,rotation --steps=20 --repeats=9
     python bench.py config/shakespeare_add.py --compile --profile=trace   # CUDA: add --peak_tflops if unknown
 
-For each variant the config is rebuilt with that variant's keys, then timed on random tokens
-(the speed of a step does not depend on the data): a forward, backward and AdamW step per
-iteration, at the config's batch_size, block_size and gradient_accumulation_steps. The
+For each variant the config is rebuilt with that variant's keys, then timed on one real batch
+of its dataset, reused (a step's speed does not depend on the data): forward, backward and
+AdamW step per iteration, at the config's batch_size, block_size and gradient_accumulation_steps
+(tokens/s for a GPT, images/s for a ViT). The
 variants are timed in interleaved rounds (A B C A B C ...) so that a machine whose speed
 drifts biases none of them; each cell is the median over rounds, with the min-max spread.
 """
 
 import argparse
 import contextlib
-import json
-import os
 import resource
 import time
 from dataclasses import replace
@@ -23,9 +22,9 @@ import torch
 
 import configure
 import diagnostics
-from guards import StepScaler
-from model import GPT
-from train import data_dir, make_optimizer, resolve_device, resolve_dtype, train_step
+from guards import StepScaler, seed_all
+from tasks import DataError, make_task
+from train import make_optimizer, resolve_device, resolve_dtype, train_step
 
 VARIANTS = {
     'additive': dict(residual='additive', qkv='dense'),
@@ -48,27 +47,22 @@ def peak_flops(device, override):
     return None
 
 
-def flops_per_token(model):
-    """6N for the matmuls of forward + backward, plus attention's 12 L T d (PaLM appendix B)."""
-    c = model.config
-    return 6 * model.num_params() + 12 * c.n_layer * c.n_embd * c.block_size
-
-
 class Runner:
     def __init__(self, cfg, device, dtype, compile_model):
-        self.cfg, self.device = cfg, device
-        self.device_type = device.split(':')[0]
-        torch.manual_seed(cfg.seed)
-        self.raw = GPT(configure.model_config(cfg)).to(device)
+        self.device, self.device_type = device, device.split(':')[0]
+        try:
+            self.task = make_task(cfg, device)
+        except DataError as e:
+            raise SystemExit(f"error: {e}")
+        self.cfg = cfg = self.task.cfg
+        seed_all(cfg.seed)
+        self.raw = self.task.model().to(device)
         self.model = torch.compile(self.raw) if compile_model else self.raw
         self.optimizer = make_optimizer(self.raw, cfg, self.device_type)
         self.autocast = (contextlib.nullcontext() if dtype == 'float32'
                          else torch.autocast(self.device_type, dtype=getattr(torch, dtype)))
         self.scaler = StepScaler(self.device_type, dtype)
-        shape = (cfg.batch_size, cfg.block_size)
-        self.x = torch.randint(cfg.vocab_size, shape, device=device)
-        self.y = torch.randint(cfg.vocab_size, shape, device=device)
-        self.tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
+        self.x, self.y = self.task.batch
 
     def step(self):
         train_step(self.model, self.optimizer, self.scaler, lambda: (self.x, self.y),
@@ -130,10 +124,6 @@ def main(argv=None):
         raise SystemExit(f"error: unknown variant(s) {unknown}; choose from {', '.join(VARIANTS)}")
     device = resolve_device(base.device)
     dtype = resolve_dtype(base.dtype, device.split(':')[0])
-    meta = os.path.join(data_dir(base), 'meta.json')
-    if os.path.exists(meta):  # the vocabulary the model would be trained with
-        with open(meta) as f:
-            base = replace(base, vocab_size=json.load(f)['vocab_size'])
     runners = {v: Runner(replace(base, **VARIANTS[v]), device, dtype, args.compile)
                for v in args.variants.split(',')}
     for r in runners.values():
@@ -154,18 +144,20 @@ def main(argv=None):
     ref = sorted(times[first])[len(times[first]) // 2]
     print(f"{device}, {dtype}, {torch.get_num_threads()} threads, compile={args.compile}; "
           f"batch {base.batch_size} x block {base.block_size} x accum {base.gradient_accumulation_steps}, "
-          f"{base.n_layer} layers x {base.n_embd}, vocab {base.vocab_size}; median of {args.repeats} interleaved rounds of {args.steps} iterations")
-    print(f"| variant | ms/iter (median) | spread (min-max) | tokens/s | MFU | peak memory | vs {first} |")
+          f"{base.n_layer} layers x {base.n_embd}; median of {args.repeats} interleaved rounds of {args.steps} iterations")
+    unit = runners[first].task.unit
+    print(f"| variant | ms/iter (median) | spread (min-max) | {unit}/s | MFU | peak memory | vs {first} |")
     print("|---|---|---|---|---|---|---|")
     for v, r in runners.items():
         ts = sorted(times[v])
         med = ts[len(ts) // 2]
-        mfu = f"{flops_per_token(r.raw) * r.tokens_per_iter / med / peak:.1%}" if peak else '-'
+        items = r.task.items_per_iter
+        mfu = f"{r.task.flops_per_item(r.raw) * items / med / peak:.1%}" if peak else '-'
         if r.device_type == 'cuda':
             mem = f"{r.peak_memory / 2**30:.2f} GiB"
         else:
             mem = f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB (process)"
-        print(f"| {v} | {med * 1e3:.1f} | {ts[0] * 1e3:.1f}-{ts[-1] * 1e3:.1f} | {r.tokens_per_iter / med:,.0f} | "
+        print(f"| {v} | {med * 1e3:.1f} | {ts[0] * 1e3:.1f}-{ts[-1] * 1e3:.1f} | {items / med:,.0f} | "
               f"{mfu} | {mem} | {(med / ref - 1) * 100:+.1f}% |")
     if args.dynamics:
         print(f"\n| variant | one dynamics measurement, ms | overhead at dynamics_interval={base.dynamics_interval} |")

@@ -5,7 +5,9 @@ Read top to bottom:
   2. residual updates   forward(x, u) -> x_next; additive, orthogonal, rotation
   3. orthogonal Q/K/V   the Cayley and exp maps of O-ViT, as torch parametrizations
   4. Block              norm -> attention -> update, norm -> MLP -> update
-  5. GPT                token + position embeddings, blocks, head
+  5. Trunk              embedding norm -> blocks -> final norm, shared by both models
+  6. GPT                token + position embeddings, trunk (causal), LM head
+  7. ViT                patches + [CLS] + positions, trunk (not causal), class head
 
 The papers are in ../shared/papers/ (see DESIGN.md):
   [Oh]  orthogonal-residual-update_oh2025.txt   (orthogonal update)
@@ -62,6 +64,22 @@ class BlockConfig:
             if bad:
                 raise ValueError(f"ortho_layers {bad} out of range for n_layer={self.n_layer} "
                                  f"(valid block indices: 0..{self.n_layer - 1})")
+
+
+@dataclass
+class ViTConfig(BlockConfig):
+    image_size: int = 32
+    patch_size: int = 4
+    channels: int = 3
+    n_classes: int = 10
+    label_smoothing: float = 0.0
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.image_size % self.patch_size:
+            raise ValueError(f"image_size={self.image_size} is not a multiple of patch_size={self.patch_size}")
+        if not 0 <= self.label_smoothing < 1:
+            raise ValueError(f"label_smoothing={self.label_smoothing} must lie in [0, 1)")
 
 
 @dataclass
@@ -319,25 +337,44 @@ class Block(nn.Module):
             self.mlp.c_proj.weight.normal_(0.0, cfg.sigma_w * math.sqrt(2 / (4 * d)))
 
 
-# ----------------------------------------------------------------------------- 5. GPT
+# ----------------------------------------------------------------------------- 5. Trunk
 
-class GPT(nn.Module):
-    """Causal language model. With a norm-keeping rule (rotation) it is the Orthogonal
-    Transformer of [OT] "Experiments": one RMSNorm without weights after the embeddings,
-    no norm inside the blocks and no final norm, so every block sees ||x|| = sqrt(n_embd)."""
+class Trunk:
+    """The stack both models share: ln_emb -> blocks -> ln_f. With a norm-keeping rule (rotation)
+    it is the Orthogonal Transformer's ([OT] "Experiments"): one RMSNorm without weights after the
+    embeddings, no norm inside the blocks and no final norm, so every block sees ||x|| = sqrt(d).
+    A mixin, so each model registers these modules where its own parameters call for them."""
+
+    def build_trunk(self, config, causal):
+        keeps_norm = RESIDUALS[config.residual].keeps_norm
+        # eps far below any embedding's mean square, so the norm is sqrt(d) to float32 rounding
+        self.ln_emb = nn.RMSNorm(config.n_embd, eps=1e-30, elementwise_affine=False) if keeps_norm else nn.Identity()
+        self.blocks = nn.ModuleList([Block(config, i, causal) for i in range(config.n_layer)])
+        self.ln_f = make_norm(config, keeps_norm)
+
+    def trunk(self, x):  # (B, T, C) embeddings -> (B, T, C) features for the head
+        x = self.ln_emb(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.ln_f(x)
+
+    def num_params(self):
+        return sum(p.numel() for p in self.parameters())
+
+
+# ----------------------------------------------------------------------------- 6. GPT
+
+class GPT(Trunk, nn.Module):
+    """Causal language model: token + position embeddings, the trunk, a linear head."""
 
     def __init__(self, config):
         super().__init__()
         self.config = config
         d = config.n_embd
-        keeps_norm = RESIDUALS[config.residual].keeps_norm
         self.wte = nn.Embedding(config.vocab_size, d)
         self.wpe = nn.Embedding(config.block_size, d)
         self.drop = nn.Dropout(config.dropout)
-        # eps far below any embedding's mean square, so the norm is sqrt(d) to float32 rounding
-        self.ln_emb = nn.RMSNorm(d, eps=1e-30, elementwise_affine=False) if keeps_norm else nn.Identity()
-        self.blocks = nn.ModuleList([Block(config, i, causal=True) for i in range(config.n_layer)])
-        self.ln_f = make_norm(config, keeps_norm)
+        self.build_trunk(config, causal=True)
         self.lm_head = nn.Linear(d, config.vocab_size, bias=False)
         if config.tie_weights:
             self.wte.weight = self.lm_head.weight
@@ -353,10 +390,6 @@ class GPT(nn.Module):
         for block in self.blocks:
             block.init_weights(cfg)
 
-    def num_params(self, non_embedding=True):
-        n = sum(p.numel() for p in self.parameters())
-        return n - self.wpe.weight.numel() if non_embedding else n
-
     def forward(self, idx, targets=None):
         """idx (B, T) token ids -> logits (B, T, vocab), and the mean cross-entropy if targets
         (B, T) are given (-1 marks positions to ignore)."""
@@ -364,10 +397,8 @@ class GPT(nn.Module):
         if T > self.config.block_size:
             raise ValueError(f"sequence of length {T} exceeds block_size={self.config.block_size}")
         pos = torch.arange(T, device=idx.device)
-        x = self.ln_emb(self.drop(self.wte(idx) + self.wpe(pos)))  # (B, T, C)
-        for block in self.blocks:
-            x = block(x)
-        logits = self.lm_head(self.ln_f(x))  # (B, T, vocab)
+        x = self.trunk(self.drop(self.wte(idx) + self.wpe(pos)))  # (B, T, C)
+        logits = self.lm_head(x)  # (B, T, vocab)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
@@ -385,3 +416,50 @@ class GPT(nn.Module):
             probs = F.softmax(logits, dim=-1)
             idx = torch.cat((idx, torch.multinomial(probs, 1, generator=generator)), dim=1)
         return idx
+
+
+# ----------------------------------------------------------------------------- 7. ViT
+
+class ViT(Trunk, nn.Module):
+    """Image classifier (Dosovitskiy et al.; the ViT of [Oh] Sec. 4.1 and [OViT]): non-overlapping
+    patches linearly embedded, a [CLS] token, learned 1-D position embeddings, the same trunk
+    without a causal mask, and a linear head on the [CLS] output. Global orthogonal mode is the
+    plain per-sample projection here ([Oh] Alg. 2)."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        d, p = config.n_embd, config.patch_size
+        self.patch_embed = nn.Conv2d(config.channels, d, kernel_size=p, stride=p)  # a Linear on each patch
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, d))
+        self.pos_emb = nn.Parameter(torch.zeros(1, (config.image_size // p) ** 2 + 1, d))
+        self.drop = nn.Dropout(config.dropout)
+        self.build_trunk(config, causal=False)
+        self.head = nn.Linear(d, config.n_classes)
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self):
+        """'gpt2': N(0, 0.02) throughout (as timm's ViT). 'sigma': patch embeddings of unit
+        variance for unit-variance pixels (N(0, 1/fan_in)), the image analogue of [OT]'s
+        unit-variance token embeddings; the blocks as Block.init_weights."""
+        cfg = self.config
+        fan_in = cfg.channels * cfg.patch_size ** 2
+        self.patch_embed.weight.normal_(0.0, 1 / math.sqrt(fan_in) if cfg.init == 'sigma' else 0.02)
+        self.patch_embed.bias.zero_()
+        for t in (self.cls_token, self.pos_emb, self.head.weight):
+            t.normal_(0.0, 0.02)
+        self.head.bias.zero_()
+        for block in self.blocks:
+            block.init_weights(cfg)
+
+    def forward(self, images, labels=None):
+        """images (B, C, H, W) float -> logits (B, n_classes), and the cross-entropy if labels are
+        given: class indices (B,) or class probabilities (B, n_classes), as mixup makes."""
+        x = self.patch_embed(images).flatten(2).transpose(1, 2)  # (B, N, C)
+        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + self.pos_emb
+        logits = self.head(self.trunk(self.drop(x))[:, 0])  # (B, n_classes)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits, labels, label_smoothing=self.config.label_smoothing)
+        return logits, loss

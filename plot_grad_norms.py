@@ -19,45 +19,44 @@ import csv
 import os
 import statistics
 from contextlib import nullcontext
-from dataclasses import replace
 
 import torch
 
 import checkpoint
 import configure
 import diagnostics
-from data.loader import TokenWindows
 from guards import StepScaler, seed_all
-from model import GPT, RESIDUALS
-from train import dataset_files, get_lr, make_optimizer, resolve_device, train_step
+from model import RESIDUALS
+from tasks import DataError, make_task
+from train import get_lr, make_optimizer, resolve_device, train_step
 
 
 def build(cfg, step, ckpt_path):
-    """The model to measure and a loader of training batches."""
-    train_arrays, _, meta = dataset_files(cfg, master=True, ddp=False)
-    if meta is not None:
-        cfg = replace(cfg, vocab_size=meta['vocab_size'])
+    """The model to measure and the task that gives its training batches."""
     device = resolve_device(cfg.device)
-    loader = TokenWindows(train_arrays, cfg.block_size, cfg.batch_size, cfg.seed, device)
+    try:
+        task = make_task(cfg, device)
+    except DataError as e:
+        raise SystemExit(f"error: {e}")
     seed_all(cfg.seed)
-    model = GPT(configure.model_config(cfg)).to(device)
+    model = task.model().to(device)
     if ckpt_path:
         model.load_state_dict(checkpoint.load(ckpt_path)['model'])
     device_type = device.split(':')[0]
-    optimizer, scaler = make_optimizer(model, cfg, device_type), StepScaler(device_type, 'float32')
+    optimizer, scaler = make_optimizer(model, task.cfg, device_type), StepScaler(device_type, 'float32')
     for it in range(step):
         for group in optimizer.param_groups:
-            group['lr'] = get_lr(it, cfg)
-        train_step(model, optimizer, scaler, loader.next, cfg.gradient_accumulation_steps, cfg.grad_clip,
-                   nullcontext())
-    return model, loader
+            group['lr'] = get_lr(it, task.cfg)
+        train_step(model, optimizer, scaler, task.next_batch, task.cfg.gradient_accumulation_steps,
+                   task.cfg.grad_clip, nullcontext())
+    return model, task
 
 
-def measure(model, loader, batches):
+def measure(model, task, batches):
     """(2L, batches) gradient norms, one column per batch."""
     cols = []
     for _ in range(batches):
-        x, y = loader.next()
+        x, y = task.next_batch()
         with diagnostics.residual_grads(model) as grads:
             _, loss = model(x, y)
             loss.backward()
@@ -99,8 +98,8 @@ def main(argv=None):
                     raise SystemExit(f"error: {e}")
                 if sigma is not None and cfg.init != 'sigma':
                     raise SystemExit(f"error: --sigma_w sweeps the 'sigma' initialisation, but {path} uses init={cfg.init!r}")
-                model, loader = build(cfg, args.step, args.ckpt)
-                norms = measure(model, loader, args.batches)
+                model, task = build(cfg, args.step, args.ckpt)
+                norms = measure(model, task, args.batches)
                 samples = norms if samples is None else [a + b for a, b in zip(samples, norms)]
             name = os.path.splitext(os.path.basename(path or args.ckpt))[0]
             label = f"sigma_w={cfg.sigma_w:g}" if cfg.init == 'sigma' else cfg.init

@@ -61,6 +61,9 @@ def main(argv=None):
         cfg = configure.from_dict(ckpt['config'])
     except (checkpoint.CheckpointError, configure.ConfigError) as e:
         sys.exit(f"error: {e}")
+    if ckpt.get('meta') and 'itos' not in ckpt['meta']:
+        sys.exit(f"error: {os.path.join(args.out_dir, name)} is an image classifier ({ckpt['meta'].get('dataset')}); "
+                 f"sample.py generates text from language models")
     model = GPT(configure.model_config(cfg))
     model.load_state_dict(ckpt['model'])
     model.eval().to(device)

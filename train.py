@@ -1,4 +1,4 @@
-"""Train a GPT whose residual update is pluggable.
+"""Train a GPT (or a ViT, for an image dataset) whose residual update is pluggable.
 
     python train.py config/shakespeare_rot.py                        # one process
     python train.py config/shakespeare_rot.py config/cpu.py          # nanoGPT's CPU recipe
@@ -23,9 +23,8 @@ import signal
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, fields, replace
+from dataclasses import asdict
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -33,13 +32,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import checkpoint
 import configure
 import diagnostics
-from data import loader, shards
-from data.loader import TokenWindows
 from guards import Interrupt, NonFinite, StepScaler, rng_state, seed_all, set_rng_state
-from model import GPT, GPTConfig
+from tasks import DataError, make_task
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-MODEL_KEYS = [f.name for f in fields(GPTConfig)]
 # model keys a resumed run may change: they choose the update rule or only the initial weights
 SWITCHABLE = {'residual', 'ortho_mode', 'ortho_eps', 'ortho_prob', 'ortho_layers', 'dropout', 'init',
               'sigma_w', 'sigma_qk'}
@@ -96,73 +92,10 @@ def make_optimizer(model, cfg, device_type):
                              fused=device_type == 'cuda')
 
 
-def data_dir(cfg):
-    return cfg.data_dir or os.path.join(ROOT, 'data', cfg.dataset)
-
-
-def check_tokens(path, meta, count_key, prepare_cmd):
-    """Refuse a truncated or foreign token file before training on it."""
-    size = os.path.getsize(path)
-    if size % 2:
-        fail(f"{path} has an odd number of bytes ({size}): truncated, or not a uint16 token file; "
-             f"recreate it: {prepare_cmd}")
-    if meta is None:
-        return
-    if count_key in meta and size // 2 != meta[count_key]:
-        fail(f"{path} holds {size // 2:,} tokens but meta.json records {meta[count_key]:,}: truncated or "
-             f"from another preparation; recreate it: {prepare_cmd}")
-    top = int(np.memmap(path, dtype=np.uint16, mode='r').max()) if size else 0
-    if top >= meta['vocab_size']:
-        fail(f"{path} holds token id {top} but the vocabulary has {meta['vocab_size']} symbols: not a file "
-             f"of this dataset; recreate it: {prepare_cmd}")
-
-
-def dataset_files(cfg, master, ddp):
-    """(train arrays, val arrays, meta or None): the token files of cfg.dataset as memory maps;
-    prepares Tiny Shakespeare when its files are missing."""
-    folder = data_dir(cfg)
-    char = cfg.dataset == 'shakespeare_char'
-    prepare_cmd = (f"python data/{cfg.dataset}/prepare.py" if char else
-                   f"python data/prepare_text.py --dataset {cfg.dataset}  (local files: --files PATTERN "
-                   f"--name {cfg.dataset})")
-    meta_path = os.path.join(folder, 'meta.json')
-    if char and not (loader.find(folder) and os.path.exists(meta_path)):
-        error = None
-        if master:
-            from data.shakespeare_char.prepare import PrepareError, prepare
-            try:
-                prepare(out_dir=folder)
-            except PrepareError as e:
-                error = str(e)
-        if ddp:  # every process learns whether the preparation worked, so none waits forever
-            box = [error]
-            dist.broadcast_object_list(box, src=0)
-            error = box[0]
-        if error:
-            fail(error)
-    found = loader.find(folder)
-    if found is None:
-        fail(f"dataset {cfg.dataset!r} is not prepared: {folder} holds neither train.bin/val.bin nor "
-             f"train_*.bin/val_*.bin shards.\nPrepare it first: {prepare_cmd}")
-    is_shards, paths = found
-    meta = None
-    if os.path.exists(meta_path):
-        with open(meta_path, encoding='utf-8') as f:
-            meta = json.load(f)
-    if not is_shards:
-        for split in ('train', 'val'):
-            check_tokens(paths[split][0], meta, f'{split}_tokens', prepare_cmd)
-    try:
-        arrays = {split: [loader.open_tokens(p, is_shards) for p in paths[split]] for split in ('train', 'val')}
-    except shards.ShardError as e:
-        fail(str(e))
-    return arrays['train'], arrays['val'], meta
-
-
-def resume_problems(saved, cfg, saved_meta, meta):
-    """Why this config cannot continue the saved run (empty if it can)."""
+def resume_problems(saved, cfg, model_keys):
+    """Why this config cannot continue the saved model (empty if it can)."""
     problems = []
-    for k in MODEL_KEYS:
+    for k in model_keys:
         before, now = getattr(saved, k), getattr(cfg, k)
         if before == now:
             continue
@@ -173,13 +106,8 @@ def resume_problems(saved, cfg, saved_meta, meta):
         elif k == 'block_size':
             problems.append(f"block_size={now}: the checkpoint's position table has {before} positions; "
                             f"resume with --block_size={before}")
-        elif k == 'vocab_size':
-            problems.append(f"the checkpoint was trained on a vocabulary of {before} tokens, the dataset now has "
-                            f"{now}; resume on the data it was trained on")
-        elif k not in SWITCHABLE:
+        elif k not in SWITCHABLE and k != 'vocab_size':  # the task explains a vocabulary change
             problems.append(f"{k}={before!r} (saved) vs {now!r} (now)")
-    if saved_meta and meta and saved_meta['itos'] != meta['itos']:
-        problems.append("the dataset's characters differ from the ones the checkpoint was trained on")
     return problems
 
 
@@ -212,27 +140,6 @@ def oom_advice(cfg, first):
            f"per step: --batch_size={b // 2} --gradient_accumulation_steps={g * 2}" if b > 1 else
            "lower block_size, or the model size (n_layer, n_embd)")
     return f"out of memory in {step} (batch_size={b}, block_size={cfg.block_size}, gradient_accumulation_steps={g}): {fix}"
-
-
-@torch.no_grad()
-def evaluate(model, loaders, eval_iters, autocast, ddp):
-    """Mean loss per split over eval_iters batches; the loaders restart, so every evaluation
-    sees the same batches. Under DDP the processes draw distinct batches; the means are averaged."""
-    model.eval()
-    out = {}
-    for split, batches in loaders.items():
-        batches.reset()
-        total = torch.zeros((), device=batches.device)
-        for _ in range(eval_iters):
-            x, y = batches.next()
-            with autocast:
-                _, loss = model(x, y)
-            total += loss.float()
-        if ddp:
-            dist.all_reduce(total, op=dist.ReduceOp.AVG)
-        out[split] = total.item() / eval_iters
-    model.train()
-    return out
 
 
 def open_log(path, start_iter):
@@ -277,6 +184,10 @@ def flatten(record, prefix=''):
     return out
 
 
+def describe(metrics):
+    return ', '.join(f"{k.replace('_', ' ')} {v:.4f}" if 'loss' in k else f"{k} {v:.2f}%" for k, v in metrics.items())
+
+
 def format_eta(seconds):
     seconds = int(seconds)
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
@@ -310,7 +221,6 @@ def main(argv=None):
         fail(f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} is not divisible by the "
              f"{world} processes; use a multiple of {world}")
     micro_steps = cfg.gradient_accumulation_steps // world
-    tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
     dtype = resolve_dtype(cfg.dtype, device_type)
     autocast = nullcontext() if dtype == 'float32' else torch.autocast(device_type, dtype=getattr(torch, dtype))
     if device_type == 'cuda' and dtype == 'float32':  # else TF32 would only blur the orthogonal Q/K/V maps
@@ -321,9 +231,11 @@ def main(argv=None):
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.benchmark = False
 
-    train_arrays, val_arrays, meta = dataset_files(cfg, master, ddp)
-    if meta is not None:
-        cfg = replace(cfg, vocab_size=meta['vocab_size'])
+    try:
+        task = make_task(cfg, device, rank, world)
+    except DataError as e:
+        fail(str(e))
+    cfg, meta, per_iter = task.cfg, task.meta, task.items_per_iter
 
     ckpt, history, changes = None, [], {}
     if cfg.init_from == 'scratch' and os.path.exists(os.path.join(cfg.out_dir, 'ckpt.pt')):
@@ -339,7 +251,7 @@ def main(argv=None):
                 print(f"warning: {reason}")
             print(f"resuming from {path} (iteration {ckpt['iter_num']})")
         saved = configure.from_dict(ckpt['config'])
-        problems = resume_problems(saved, cfg, ckpt.get('meta'), meta)
+        problems = resume_problems(saved, cfg, task.model_keys()) + task.resume_problems(saved, ckpt.get('meta'))
         if problems:
             fail(f"cannot resume {path} with this config:\n  " + "\n  ".join(problems))
         changes = {k: [v, getattr(cfg, k)] for k, v in asdict(saved).items()
@@ -347,12 +259,9 @@ def main(argv=None):
         history = ckpt.get('history', [])
 
     seed_all(cfg.seed)  # the same initial weights in every process
-    model = GPT(configure.model_config(cfg)).to(device)
+    model = task.model().to(device)
     optimizer = make_optimizer(model, cfg, device_type)
     scaler = StepScaler(device_type, dtype)
-    train_loader = TokenWindows(train_arrays, cfg.block_size, cfg.batch_size, cfg.seed, device, rank, world)
-    eval_loaders = {split: TokenWindows(arrays, cfg.block_size, cfg.batch_size, cfg.seed + 10_000, device, rank, world)
-                    for split, arrays in (('train', train_arrays), ('val', val_arrays))}
     iter_num, best_val_loss, schedule_start = 0, float('inf'), 0
     seed_all(cfg.seed + rank)  # dropout and stochastic connections differ per process
     if ckpt is not None:
@@ -367,7 +276,7 @@ def main(argv=None):
                 scaler.load_state_dict(ckpt['scaler'])
         streams = ckpt['streams']
         if len(streams) == world:
-            train_loader.load_state_dict(streams[rank]['loader'])
+            task.load_state_dict(streams[rank]['data'])
             set_rng_state(streams[rank]['rng'])
         elif master:
             print(f"note: checkpoint written by {len(streams)} processes, resuming on {world}: data streams re-seeded")
@@ -394,7 +303,7 @@ def main(argv=None):
             with open(os.path.join(cfg.out_dir, 'config.json'), 'w') as f:
                 json.dump(asdict(cfg), f, indent=1)
         print(f"{raw_model.num_params() / 1e6:.2f}M parameters, residual={cfg.residual}, qkv={cfg.qkv}; "
-              f"{tokens_per_iter:,} tokens per iteration; {world} process(es) on {device}, {dtype}")
+              f"{per_iter:,} {task.unit} per iteration; {world} process(es) on {device}, {dtype}")
         if cfg.wandb_log:
             import wandb
             run = wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name, config=asdict(cfg),
@@ -414,7 +323,8 @@ def main(argv=None):
         log({'iter': start_iter, 'event': 'resume', **history[-1]})
 
     def save(best):
-        mine = {'loader': pending_batch_state, 'rng': rng_state(device_type), 'batch_starts': train_loader.last_starts,
+        mine = {'data': task.state_dict(), 'rng': rng_state(device_type),
+                'batch_starts': getattr(task.loader, 'last_starts', None),
                 'weights': torch.stack([p.detach().double().sum() for p in raw_model.parameters()]).cpu()}
         streams = [mine]
         if ddp:
@@ -448,38 +358,25 @@ def main(argv=None):
     interrupt = Interrupt()
     try:
         if cfg.eval_only:
-            losses = evaluate(model, eval_loaders, cfg.eval_iters, autocast, ddp)
+            metrics = task.evaluate(model, autocast, ddp, cfg.eval_iters)
             if master:
-                print(f"iter {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+                print(f"iter {iter_num}: " + describe(metrics))
             return
-
-        pending_batch_state = train_loader.state_dict()  # saved, so a resumed run redraws the pending batch
-        x, y = train_loader.next()
-
-        def next_batch():
-            """The pending batch; the following one is drawn now, so a CUDA copy overlaps compute."""
-            nonlocal x, y, pending_batch_state
-            batch = x, y
-            pending_batch_state = train_loader.state_dict()
-            x, y = train_loader.next()
-            return batch
 
         dts, t_last, iters_since = [], time.perf_counter(), 0
         while True:
             if (iter_num % cfg.eval_interval == 0 or iter_num == cfg.max_iters) and not (iter_num == start_iter > 0):
-                losses = evaluate(model, eval_loaders, cfg.eval_iters, autocast, ddp)
-                best = losses['val'] < best_val_loss
-                best_val_loss = min(best_val_loss, losses['val'])
-                record = {'iter': iter_num, 'train_loss': losses['train'], 'val_loss': losses['val']}
+                metrics = task.evaluate(model, autocast, ddp, cfg.eval_iters)
+                best = metrics['val_loss'] < best_val_loss
+                best_val_loss = min(best_val_loss, metrics['val_loss'])
+                record = {'iter': iter_num, **metrics}
                 if master and cfg.dynamics:  # Oh et al. App. D: effective rank of the final representation
-                    eval_loaders['val'].reset()
                     raw_model.eval()
                     record['effective_rank'] = diagnostics.effective_rank(
-                        diagnostics.final_features(raw_model, eval_loaders['val'].next()[0]))
+                        diagnostics.final_features(raw_model, task.eval_inputs()))
                     raw_model.train()
                 if master:
-                    print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
-                          f"{' (best)' if best else ''}")
+                    print(f"step {iter_num}: {describe(metrics)}{' (best)' if best else ''}")
                 log(record)
                 if iter_num > start_iter:
                     save(best)
@@ -491,7 +388,7 @@ def main(argv=None):
             for group in optimizer.param_groups:
                 group['lr'] = lr
             try:
-                loss, grad_norms = train_step(model, optimizer, scaler, next_batch, micro_steps, cfg.grad_clip,
+                loss, grad_norms = train_step(model, optimizer, scaler, task.next_batch, micro_steps, cfg.grad_clip,
                                               autocast, ddp)
             except torch.OutOfMemoryError:
                 fail(oom_advice(cfg, iter_num == start_iter))
@@ -504,7 +401,7 @@ def main(argv=None):
             iters_since += 1
             if master and cfg.dynamics and iter_num % cfg.dynamics_interval == 0:
                 raw_model.eval()  # no dropout, expected stochastic connections: no random numbers drawn
-                stats = diagnostics.update_stats(raw_model, x)
+                stats = diagnostics.update_stats(raw_model, task.batch[0])
                 raw_model.train()
                 log(diagnostics.stats_record(iter_num, raw_model, stats), dynamics_file)
 
@@ -519,9 +416,9 @@ def main(argv=None):
                     dts.append(dt)
                     eta = sorted(dts)[len(dts) // 2] * (cfg.max_iters - iter_num)
                     print(f"iter {iter_num}: loss {lossf:.4f}, lr {lr:.2e}, {dt * 1000:.1f} ms/iter, "
-                          f"{tokens_per_iter / dt:,.0f} tok/s, eta {format_eta(eta)}")
+                          f"{per_iter / dt:,.0f} {task.unit}/s{task.progress()}, eta {format_eta(eta)}")
                     log({'iter': iter_num, 'loss': lossf, 'lr': lr, 'ms_per_iter': dt * 1000,
-                         'tokens_per_s': tokens_per_iter / dt})
+                         f'{task.unit}_per_s': per_iter / dt})
                 if count:
                     where = ', '.join(bad[:8]) + (f" and {len(bad) - 8} more" if len(bad) > 8 else '')
                     report = (f"non-finite loss or gradients at iteration {first} ({count} of the last "
@@ -548,7 +445,7 @@ def main(argv=None):
         if master:
             median = sorted(dts)[len(dts) // 2] if dts else float('nan')
             print(f"done: {iter_num} iterations, best val loss {best_val_loss:.4f}, "
-                  f"median {median * 1000:.1f} ms/iter, {tokens_per_iter / median:,.0f} tok/s")
+                  f"median {median * 1000:.1f} ms/iter, {per_iter / median:,.0f} {task.unit}/s")
     finally:
         finish()
 

@@ -168,9 +168,9 @@ def from_dict(data):
     return build(values)
 
 
-def model_config(cfg):
-    """The GPTConfig part of a Config."""
-    return GPTConfig(**{f.name: getattr(cfg, f.name) for f in fields(GPTConfig)})
+def model_config(cfg, cls=GPTConfig):
+    """The GPTConfig (or ViTConfig) part of a Config."""
+    return cls(**{f.name: getattr(cfg, f.name) for f in fields(cls)})
 
 
 def usage():

@@ -1,16 +1,16 @@
 """Every key a config file or a --key=value override may set, with its type and default.
 
-Model keys are inherited from model.GPTConfig; the keys below drive train.py.
+Model keys are inherited from model.GPTConfig and model.ViTConfig; the keys below drive train.py.
 """
 
 from dataclasses import dataclass
 from typing import Literal
 
-from model import GPTConfig
+from model import GPTConfig, ViTConfig
 
 
 @dataclass
-class Config(GPTConfig):
+class Config(GPTConfig, ViTConfig):
     # output, evaluation, logging
     out_dir: str = 'out'
     init_from: Literal['scratch', 'resume'] = 'scratch'  # 'resume': continue from out_dir/ckpt.pt
@@ -28,6 +28,15 @@ class Config(GPTConfig):
     # data
     dataset: str = 'shakespeare_char'
     data_dir: str | None = None  # default: data/<dataset>
+    # image datasets (cifar10, cifar100, fashion_mnist): augmentation on the device, per batch
+    image_dir: str | None = None  # fashion_mnist: a folder of IDX .gz files (default: Debian's)
+    crop_padding: int = 0  # random crop after zero-padding by this many pixels (0: none)
+    hflip: bool = False  # random horizontal flips (not for digit-like data)
+    mixup_alpha: float = 0.0  # mixup's Beta(alpha, alpha); 0 disables
+    cutmix_alpha: float = 0.0  # cutmix's Beta(alpha, alpha); 0 disables
+    mix_prob: float = 1.0  # probability that a batch is mixed at all
+    mix_switch_prob: float = 0.5  # with both alphas set: probability of cutmix rather than mixup
+    erase_prob: float = 0.0  # random erasing, per image
     batch_size: int = 12  # sequences per micro-step, per process
     gradient_accumulation_steps: int = 1  # micro-steps per optimizer step summed over all processes
     # AdamW and learning-rate schedule (linear warmup, cosine decay to min_lr)
@@ -57,11 +66,14 @@ class Config(GPTConfig):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key}={getattr(self, key)} must be at least 1")
         for key in ('max_iters', 'warmup_iters', 'learning_rate', 'weight_decay', 'grad_clip', 'dropout',
-                    'keep_last_n', 'nan_max_skips'):
+                    'keep_last_n', 'nan_max_skips', 'crop_padding', 'mixup_alpha', 'cutmix_alpha'):
             if getattr(self, key) < 0:
                 raise ValueError(f"{key}={getattr(self, key)} must not be negative")
         if not 0 <= self.dropout < 1:
             raise ValueError(f"dropout={self.dropout} must lie in [0, 1)")
+        for key in ('mix_prob', 'mix_switch_prob', 'erase_prob'):
+            if not 0 <= getattr(self, key) <= 1:
+                raise ValueError(f"{key}={getattr(self, key)} must lie in [0, 1]")
         for key in ('beta1', 'beta2'):
             if not 0 <= getattr(self, key) < 1:
                 raise ValueError(f"{key}={getattr(self, key)} must lie in [0, 1)")

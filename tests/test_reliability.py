@@ -14,6 +14,7 @@ import torch
 import checkpoint
 import model as model_module
 import sample
+import tasks
 import train
 from test_train import ROOT, TINY, evals, records, run
 
@@ -102,7 +103,7 @@ def poison(monkeypatch, param_name, bad_steps):
             super().__init__(config)
             p = dict(self.named_parameters())[param_name]
             p.register_hook(lambda g: g * float('nan') if calls['n'] in bad_steps else g)
-    monkeypatch.setattr(train, 'GPT', Poisoned)
+    monkeypatch.setattr(tasks, 'GPT', Poisoned)
 
 
 def test_nan_stop_reports_iteration_and_parameter(tmp_path, char_data, monkeypatch):
