@@ -6,7 +6,8 @@
     python data/prepare_text.py --files 'corpus/*.txt' --name mycorpus    # also .jsonl, .json, .parquet
     python train.py config/owt_smoke.py --dataset=mycorpus                # then train on it
 
-Writes data/<name>/val_000000.bin (the first --val_tokens tokens) and train_000000.bin,
+Writes data/<name>/val_000000.bin (the first --val_tokens tokens: 10M for hub datasets, about
+5% of local files) and train_000000.bin,
 train_000001.bin, ... (--shard_size tokens each, the last shorter) in llm.c's shard format
 (data/shards.py), and info.json. Every document is encoded with tiktoken's GPT-2
 encode_ordinary and preceded by <|endoftext|>, in --num_proc processes. Hub datasets are
@@ -128,10 +129,14 @@ def main(argv=None):
     p.add_argument('--name', help='folder name under data/ (default: the dataset name)')
     p.add_argument('--out_dir', help='output folder (default data/<name>)')
     p.add_argument('--shard_size', type=int, default=10 ** 8, help='tokens per train shard (llm.c: 1e8)')
-    p.add_argument('--val_tokens', type=int, default=10 ** 7, help='tokens of the val shard, taken first')
+    p.add_argument('--val_tokens', type=int, default=None,
+                   help='tokens of the val shard, taken first (default: 10M; local files: ~5%% of them)')
     p.add_argument('--num_proc', type=int, default=max(1, (os.cpu_count() or 2) - 1))
     p.add_argument('--max_docs', type=int, default=None, help='stop after this many documents (trials)')
     args = p.parse_args(argv)
+    if args.val_tokens is None:  # GPT-2 BPE averages about 4 bytes of English per token
+        local = sum(os.path.getsize(f) for f in glob.glob(args.files, recursive=True)) if args.files else 0
+        args.val_tokens = max(1000, local // 4 // 20) if args.files else 10 ** 7
     if args.shard_size < 1 or args.val_tokens < 1:
         raise SystemExit("error: --shard_size and --val_tokens must be positive")
     name = args.name or (args.dataset or '').split('/')[-1]
@@ -176,6 +181,9 @@ def main(argv=None):
                 print(f"\r{state['docs']:,} documents, {state['tokens'] + writer.filled:,} tokens, "
                       f"{rate:,.0f} tokens/s", end='', file=sys.stderr)
     writer.flush()
+    if state['shards'] < 2:
+        raise SystemExit(f"error: the corpus has {state['tokens']:,} tokens, all taken by the val shard "
+                         f"(--val_tokens={args.val_tokens:,}); rerun with a smaller --val_tokens and a new --out_dir")
     elapsed = time.perf_counter() - start
     state['done'] = True
     save_json(progress, state)

@@ -77,7 +77,8 @@ def test_hub_dataset_path_and_presets(tmp_path, monkeypatch):
     assert calls == [dict(path='Skylion007/openwebtext', name=None, split='train', streaming=False,
                           revision='refs/convert/parquet')]
     assert tokenizer().decode(all_tokens(out).tolist()) == expected_text(DOCS)
-    prepare_text.main(['--dataset', 'fineweb-edu', '--out_dir', str(tmp_path / 'fw'), '--text_column', 'content'])
+    prepare_text.main(['--dataset', 'fineweb-edu', '--out_dir', str(tmp_path / 'fw'), '--text_column', 'content',
+                       '--val_tokens', '300'])
     assert calls[-1] == dict(path='HuggingFaceFW/fineweb-edu', name='sample-10BT', split='train', streaming=True)
 
 
@@ -104,6 +105,19 @@ def test_interrupted_preparation_resumes_without_duplicates(tmp_path, monkeypatc
     assert np.array_equal(all_tokens(tmp_path / 'resumed'), all_tokens(tmp_path / 'clean'))
     with pytest.raises(SystemExit, match='with other settings'):
         prepare_text.main(['--files', files, '--name', 'c', '--shard_size', '999', '--out_dir', str(tmp_path / 'resumed')])
+
+
+def test_a_corpus_smaller_than_the_val_shard_is_an_error(tmp_path):
+    with pytest.raises(SystemExit, match='all taken by the val shard'):
+        prepare_text.main(['--files', write_files(tmp_path, 'jsonl'), '--name', 'c', '--val_tokens', '10000000',
+                           '--out_dir', str(tmp_path / 'out'), '--num_proc', '1'])
+
+
+def test_local_val_default_is_a_small_share(tmp_path):
+    out = tmp_path / 'out'
+    prepare_text.main(['--files', write_files(tmp_path, 'jsonl'), '--name', 'c', '--out_dir', str(out), '--num_proc', '1'])
+    val, train = len(shards.read(str(out / 'val_000000.bin'))), len(shards.read(str(out / 'train_000000.bin')))
+    assert 0.02 < val / (val + train) < 0.3
 
 
 def test_shard_headers_are_checked(tmp_path):
