@@ -142,9 +142,12 @@ def main(argv=None):
     peak = peak_flops(device, args.peak_tflops)
     first = next(iter(runners))
     ref = sorted(times[first])[len(times[first]) // 2]
+    c = runners[first].task.cfg
+    shape = (f"block {c.block_size}" if runners[first].task.unit == 'tok' else
+             f"{c.image_size}px images in {c.patch_size}px patches")
     print(f"{device}, {dtype}, {torch.get_num_threads()} threads, compile={args.compile}; "
-          f"batch {base.batch_size} x block {base.block_size} x accum {base.gradient_accumulation_steps}, "
-          f"{base.n_layer} layers x {base.n_embd}; median of {args.repeats} interleaved rounds of {args.steps} iterations")
+          f"batch {c.batch_size} x {shape} x accum {c.gradient_accumulation_steps}, "
+          f"{c.n_layer} layers x {c.n_embd}; median of {args.repeats} interleaved rounds of {args.steps} iterations")
     unit = runners[first].task.unit
     print(f"| variant | ms/iter (median) | spread (min-max) | {unit}/s | MFU | peak memory | vs {first} |")
     print("|---|---|---|---|---|---|---|")
