@@ -199,3 +199,12 @@ def test_vit_resume_is_exact_with_every_augmentation(tmp_path, idx_dir):
                        for r in records(d) if 'event' not in r]
     assert strip(part) == strip(full)
     assert checkpoint.load(part / 'ckpt.pt')['meta']['dataset'] == 'fashion_mnist'
+
+
+@pytest.mark.skipif(not os.path.exists('/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz'),
+                    reason='Debian package dataset-fashion-mnist not installed')
+def test_the_real_fashion_mnist_files(tmp_path):
+    test = images.load('fashion_mnist', 'test', str(tmp_path))
+    assert test['images'].shape == (10000, 28, 28, 1) and test['images'].dtype == torch.uint8
+    assert torch.bincount(test['labels']).tolist() == [1000] * 10
+    assert abs(test['mean'].item() - 0.2860) < 1e-3 and abs(test['std'].item() - 0.3530) < 1e-3  # of the train split
