@@ -3,6 +3,7 @@
     python bench.py config/shakespeare_add.py config/cpu.py
     python bench.py config/shakespeare_add.py --variants=additive,rotation --steps=20 --repeats=9
     python bench.py config/shakespeare_add.py --compile --profile=trace   # CUDA: add --peak_tflops if unknown
+    python bench.py config/shakespeare_add.py --sample                    # generation, with and without the KV cache
 
 For each variant the config is rebuilt with that variant's keys, then timed on one real batch
 of its dataset, reused (a step's speed does not depend on the data): forward, backward and
@@ -10,6 +11,8 @@ AdamW step per iteration, at the config's batch_size, block_size and gradient_ac
 (tokens/s for a GPT, images/s for a ViT). The
 variants are timed in interleaved rounds (A B C A B C ...) so that a machine whose speed
 drifts biases none of them; each cell is the median over rounds, with the min-max spread.
+--sample times GPT.generate instead: --sample_tokens new tokens after a one-token prompt, batch
+1, top_k 200, with the DecodeCache and without (the same context window, so the same tokens).
 """
 
 import argparse
@@ -78,6 +81,19 @@ class Runner:
         self.sync()
         return time.perf_counter() - t0
 
+    def time_sampling(self, new_tokens, use_cache):
+        """Generated tokens per second of one GPT.generate call."""
+        self.raw.eval()
+        prompt = torch.zeros(1, 1, dtype=torch.long, device=self.device)
+        generator = torch.Generator(self.device).manual_seed(0)
+        self.sync()
+        t0 = time.perf_counter()
+        with self.autocast:
+            self.raw.generate(prompt, new_tokens, top_k=200, generator=generator, use_cache=use_cache)
+        self.sync()
+        self.raw.train()
+        return new_tokens / (time.perf_counter() - t0)
+
     def sync(self):
         if self.device_type == 'cuda':
             torch.cuda.synchronize(self.device)
@@ -114,6 +130,8 @@ def main(argv=None):
     p.add_argument('--profile', default=None, help='write a torch profiler trace of each variant to this folder')
     p.add_argument('--dynamics', action='store_true',
                    help="also time train.py's --dynamics measurement against dynamics_interval steps")
+    p.add_argument('--sample', action='store_true', help='time generation with and without the KV cache instead')
+    p.add_argument('--sample_tokens', type=int, default=500, help='new tokens per timed generation')
     args, rest = p.parse_known_args(argv)
     try:
         base = configure.load(args.config + rest)
@@ -126,6 +144,8 @@ def main(argv=None):
     dtype = resolve_dtype(base.dtype, device.split(':')[0])
     runners = {v: Runner(replace(base, **VARIANTS[v]), device, dtype, args.compile)
                for v in args.variants.split(',')}
+    if args.sample:
+        return bench_sampling(runners, args)
     for r in runners.values():
         for _ in range(args.warmup):
             r.step()
@@ -169,6 +189,27 @@ def main(argv=None):
             dyn = sorted(r.time_dynamics() for _ in range(args.repeats))[args.repeats // 2]
             step = sorted(times[v])[len(times[v]) // 2]
             print(f"| {v} | {dyn * 1e3:.1f} | {dyn / (base.dynamics_interval * step):.2%} |")
+
+
+def bench_sampling(runners, args):
+    if any(r.task.unit != 'tok' for r in runners.values()):
+        raise SystemExit("error: --sample times text generation; give a language-model config")
+    for r in runners.values():  # warm-up
+        r.time_sampling(8, True), r.time_sampling(8, False)
+    rates = {(v, c): [] for v in runners for c in (True, False)}
+    for _ in range(args.repeats):
+        for v, r in runners.items():
+            for c in (True, False):
+                rates[v, c].append(r.time_sampling(args.sample_tokens, c))
+    c = next(iter(runners.values())).cfg
+    print(f"{next(iter(runners.values())).device}, {torch.get_num_threads()} threads; {c.n_layer} layers x {c.n_embd}, "
+          f"block {c.block_size}; {args.sample_tokens} new tokens after a 1-token prompt, batch 1, window shift "
+          f"{max(1, c.block_size // 4)}; median of {args.repeats} interleaved rounds")
+    print("| variant | tokens/s, KV cache | tokens/s, no cache | speed-up |")
+    print("|---|---|---|---|")
+    for v in runners:
+        med = {k: sorted(rates[v, k])[len(rates[v, k]) // 2] for k in (True, False)}
+        print(f"| {v} | {med[True]:,.0f} | {med[False]:,.0f} | {med[True] / med[False]:.1f}x |")
 
 
 if __name__ == '__main__':

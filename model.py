@@ -6,7 +6,7 @@ Read top to bottom:
   3. orthogonal Q/K/V   the Cayley and exp maps of O-ViT, as torch parametrizations
   4. Block              norm -> attention -> update, norm -> MLP -> update
   5. Trunk              embedding norm -> blocks -> final norm, shared by both models
-  6. GPT                token + position embeddings, trunk (causal), LM head
+  6. GPT                token + position embeddings, trunk (causal), LM head; cached decoding
   7. ViT                patches + [CLS] + positions, trunk (not causal), class head
 
 The papers are in ../shared/papers/ (see DESIGN.md):
@@ -98,11 +98,12 @@ class GPTConfig(BlockConfig):
 # ----------------------------------------------------------------------------- 2. residual updates
 
 class ResidualUpdate(nn.Module):
-    """Interface of every update rule: forward(x, u) -> x_next.
+    """Interface of every update rule: forward(x, u, cache=None) -> x_next.
 
     x is the residual stream, u the branch output (attention or MLP), both (..., d).
     keeps_norm = True declares that the rule keeps ||x|| fixed; the model then needs
-    no norms in its blocks (see GPT).
+    no norms in its blocks (see GPT). cache is the DecodeCache of incremental decoding; only a
+    rule that mixes positions needs it, per-token rules ignore it.
     """
     keeps_norm = False
 
@@ -110,7 +111,7 @@ class ResidualUpdate(nn.Module):
 class AdditiveUpdate(ResidualUpdate):
     """x_next = x + u: the standard residual connection ([OT] Eq. 2)."""
 
-    def forward(self, x, u):
+    def forward(self, x, u, cache=None):
         return x + u
 
 
@@ -121,7 +122,8 @@ class OrthogonalUpdate(ResidualUpdate):
     mode='feature' ([Oh] Alg. 1): one s per token, over the hidden dimension.
     mode='global'  ([Oh] Alg. 2): one s per sample, over all tokens and features, x of shape
       (B, T, d). A plain global s in a causal model would let position t see positions > t, so
-      with causal=True s_t uses prefix sums over positions <= t (at t = T-1 it is the paper's s).
+      with causal=True s_t uses prefix sums over positions <= t (at t = T-1 it is the paper's s);
+      in decoding the cache holds the earlier positions' terms, so the sums stay exact.
     prob ([Oh] Sec. 4.4): in training each sample's connection is orthogonal with probability
       prob and additive otherwise (drawn per sample, per connection, per step, like drop-path);
       in eval the expected update x + u - prob s x is used, as dropout rescales.
@@ -133,7 +135,7 @@ class OrthogonalUpdate(ResidualUpdate):
             raise ValueError(f"unknown ortho_mode {mode!r}; use 'feature' or 'global'")
         self.mode, self.eps, self.prob, self.causal = mode, eps, prob, causal
 
-    def scale(self, x, u):
+    def scale(self, x, u, cache=None):
         """s in float32, broadcastable against x."""
         if self.mode == 'global' and x.dim() != 3:
             raise ValueError(f"global orthogonal mode takes (B, T, d) tensors, got shape {tuple(x.shape)}")
@@ -141,13 +143,16 @@ class OrthogonalUpdate(ResidualUpdate):
         dot, sq = (x * u).sum(-1, keepdim=True), (x * x).sum(-1, keepdim=True)  # (B, T, 1)
         if self.mode == 'global':
             if self.causal:
-                dot, sq = dot.cumsum(-2), sq.cumsum(-2)
+                T = dot.shape[-2]
+                if cache is not None:
+                    dot, sq = cache.extend(self, dot, sq, dim=-2)  # (B, T_seen, 1)
+                dot, sq = dot.cumsum(-2)[:, -T:], sq.cumsum(-2)[:, -T:]
             else:
                 dot, sq = dot.sum(-2, keepdim=True), sq.sum(-2, keepdim=True)  # (B, 1, 1)
         return dot / (sq + self.eps)
 
-    def forward(self, x, u):
-        s = self.scale(x, u)
+    def forward(self, x, u, cache=None):
+        s = self.scale(x, u, cache)
         if self.prob < 1.0:
             if self.training:
                 keep = torch.rand((s.shape[0],) + (1,) * (s.dim() - 1), device=s.device) < self.prob
@@ -178,7 +183,7 @@ class RotationUpdate(ResidualUpdate):
     keeps_norm = True
     small_angle = 1e-2
 
-    def forward(self, x, u):
+    def forward(self, x, u, cache=None):
         xf, uf = x.float(), u.float()
         u_perp = uf - (xf * uf).sum(-1, keepdim=True) / (xf * xf).sum(-1, keepdim=True) * xf
         theta2 = (u_perp * u_perp).sum(-1, keepdim=True) / x.shape[-1]  # (..., 1)
@@ -272,12 +277,18 @@ class SelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(cfg.dropout)
         self.n_head, self.dropout, self.causal = cfg.n_head, cfg.dropout, causal
 
-    def forward(self, x):
+    def forward(self, x, cache=None):
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0,
-                                           is_causal=self.causal)
+        if cache is not None:
+            k, v = cache.extend(self, k, v, dim=2)  # (B, nh, T_seen, hs)
+        Tk = k.shape[2]
+        # queries at the end of the keys: SDPA's is_causal aligns them at the start instead
+        mask = (torch.ones(T, Tk, dtype=torch.bool, device=x.device).tril(Tk - T)
+                if self.causal and 1 < T < Tk else None)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
+                                           is_causal=self.causal and T == Tk)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -307,9 +318,9 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
         self.update_mlp = make_update(cfg, layer, causal)
 
-    def forward(self, x):  # (B, T, C)
-        x = self.update_attn(x, self.attn(self.ln_1(x)))
-        x = self.update_mlp(x, self.mlp(self.ln_2(x)))
+    def forward(self, x, cache=None):  # (B, T, C)
+        x = self.update_attn(x, self.attn(self.ln_1(x), cache), cache=cache)
+        x = self.update_mlp(x, self.mlp(self.ln_2(x)), cache=cache)
         return x
 
     @torch.no_grad()
@@ -352,10 +363,10 @@ class Trunk:
         self.blocks = nn.ModuleList([Block(config, i, causal) for i in range(config.n_layer)])
         self.ln_f = make_norm(config, keeps_norm)
 
-    def trunk(self, x):  # (B, T, C) embeddings -> (B, T, C) features for the head
+    def trunk(self, x, cache=None):  # (B, T, C) embeddings -> (B, T, C) features for the head
         x = self.ln_emb(x)
         for block in self.blocks:
-            x = block(x)
+            x = block(x, cache)
         return self.ln_f(x)
 
     def num_params(self):
@@ -363,6 +374,23 @@ class Trunk:
 
 
 # ----------------------------------------------------------------------------- 6. GPT
+
+class DecodeCache:
+    """What incremental decoding carries from one GPT.forward to the next, so that feeding a
+    sequence in pieces gives the logits of one full forward: each attention's keys and values,
+    and each causal global orthogonal update's per-position terms <x, u> and ||x||^2. Per-token
+    rules (additive, feature orthogonal, rotation) keep nothing. `pos` counts positions seen."""
+
+    def __init__(self):
+        self.pos, self.seen = 0, {}
+
+    def extend(self, module, *new, dim):
+        """Append module's new tensors to those it stored before, along dim; returns the totals."""
+        if module in self.seen:
+            new = tuple(torch.cat((old, t), dim) for old, t in zip(self.seen[module], new))
+        self.seen[module] = new
+        return new
+
 
 class GPT(Trunk, nn.Module):
     """Causal language model: token + position embeddings, the trunk, a linear head."""
@@ -390,14 +418,18 @@ class GPT(Trunk, nn.Module):
         for block in self.blocks:
             block.init_weights(cfg)
 
-    def forward(self, idx, targets=None):
+    def forward(self, idx, targets=None, cache=None):
         """idx (B, T) token ids -> logits (B, T, vocab), and the mean cross-entropy if targets
-        (B, T) are given (-1 marks positions to ignore)."""
+        (B, T) are given (-1 marks positions to ignore). With a DecodeCache, idx continues the
+        sequence the cache has seen (positions cache.pos ...) and the cache takes it in."""
         B, T = idx.shape
-        if T > self.config.block_size:
-            raise ValueError(f"sequence of length {T} exceeds block_size={self.config.block_size}")
-        pos = torch.arange(T, device=idx.device)
-        x = self.trunk(self.drop(self.wte(idx) + self.wpe(pos)))  # (B, T, C)
+        start = cache.pos if cache is not None else 0
+        if start + T > self.config.block_size:
+            raise ValueError(f"sequence of length {start + T} exceeds block_size={self.config.block_size}")
+        pos = torch.arange(start, start + T, device=idx.device)
+        x = self.trunk(self.drop(self.wte(idx) + self.wpe(pos)), cache)  # (B, T, C)
+        if cache is not None:
+            cache.pos += T
         logits = self.lm_head(x)  # (B, T, vocab)
         loss = None
         if targets is not None:
@@ -405,10 +437,29 @@ class GPT(Trunk, nn.Module):
         return logits, loss
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None):
-        """Append max_new_tokens sampled tokens to idx (B, T); the context is cropped to block_size."""
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None, use_cache=True, shift=None):
+        """Append max_new_tokens sampled tokens to idx (B, T).
+
+        The context is the sequence while it fits in block_size; once it would not, the window
+        drops its oldest tokens so that `shift` steps pass before the next drop: shift=1 is
+        nanoGPT's sliding window, the default block_size // 4 keeps at least 3/4 of the window.
+        With use_cache the model reads each new token alone, against a DecodeCache of the
+        context, and reads the whole window again only when it moves; the tokens are those of
+        use_cache=False with the same shift and generator (up to float rounding in the logits).
+        """
+        block = self.config.block_size
+        shift = shift or max(1, block // 4)
+        if not 1 <= shift <= block:
+            raise ValueError(f"shift={shift} must lie in [1, block_size={block}]")
+        start, cache = 0, None
         for _ in range(max_new_tokens):
-            logits, _ = self(idx[:, -self.config.block_size:])
+            if idx.shape[1] - start > block:  # the window moves: read it again from its new start
+                start, cache = idx.shape[1] - (block - shift + 1), None
+            if cache is not None:
+                logits, _ = self(idx[:, -1:], cache=cache)
+            else:
+                cache = DecodeCache() if use_cache else None
+                logits, _ = self(idx[:, start:], cache=cache)
             logits = logits[:, -1, :].float() / temperature
             if top_k is not None:
                 v, _ = torch.topk(logits, min(top_k, logits.size(-1)))

@@ -4,7 +4,10 @@
     python sample.py --out_dir=out-shakespeare-rot --start=FILE:prompt.txt --temperature=0.8
 
 Decodes with the character vocabulary saved in the checkpoint, or GPT-2 BPE (tiktoken) for
-checkpoints trained on BPE tokens. The context is cropped to the model's block_size.
+checkpoints trained on BPE tokens. Generation reads each new token against a KV cache of the
+context (--no_cache: the whole context every step, the same tokens, slower). Past block_size the
+context window moves on by --shift tokens at a time (default block_size/4; 1 is nanoGPT's
+sliding window, which makes the cache re-read the window at every token).
 """
 
 import argparse
@@ -45,6 +48,8 @@ def main(argv=None):
     p.add_argument('--temperature', type=float, default=0.8)
     p.add_argument('--top_k', type=int, default=200)
     p.add_argument('--seed', type=int, default=1337)
+    p.add_argument('--shift', type=int, default=None, help='tokens the full context window moves at a time')
+    p.add_argument('--no_cache', action='store_true', help='recompute the whole context for every token')
     p.add_argument('--device', default='auto', help="'auto', 'cpu', 'cuda', 'cuda:N'")
     args = p.parse_args(argv)
     if args.temperature <= 0:
@@ -64,6 +69,8 @@ def main(argv=None):
     if ckpt.get('meta') and 'itos' not in ckpt['meta']:
         sys.exit(f"error: {os.path.join(args.out_dir, name)} is an image classifier ({ckpt['meta'].get('dataset')}); "
                  f"sample.py generates text from language models")
+    if args.shift is not None and not 1 <= args.shift <= cfg.block_size:
+        sys.exit(f"error: --shift={args.shift} must lie in [1, {cfg.block_size}] (the model's block_size)")
     model = GPT(configure.model_config(cfg))
     model.load_state_dict(ckpt['model'])
     model.eval().to(device)
@@ -94,7 +101,8 @@ def main(argv=None):
     bf16 = device.startswith('cuda') and torch.cuda.is_bf16_supported()
     with torch.autocast(device.split(':')[0], dtype=torch.bfloat16, enabled=bf16):
         for _ in range(args.num_samples):
-            y = model.generate(x, args.max_new_tokens, args.temperature, args.top_k, generator=generator)
+            y = model.generate(x, args.max_new_tokens, args.temperature, args.top_k, generator=generator,
+                               use_cache=not args.no_cache, shift=args.shift)
             print(decode(y[0].tolist()))
             print('---------------')
 

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from model import GPT, AdditiveUpdate, GPTConfig, OrthogonalQKV, OrthogonalUpdate, RotationUpdate
+from model import GPT, AdditiveUpdate, DecodeCache, GPTConfig, OrthogonalQKV, OrthogonalUpdate, RotationUpdate
 
 
 def tiny(**kw):
@@ -175,3 +175,41 @@ def test_generate_crops_context():
     model = GPT(tiny(residual='rotation')).eval()
     out = model.generate(torch.zeros(2, 3, dtype=torch.long), 30, top_k=5)
     assert out.shape == (2, 33) and out.max() < 11
+    with pytest.raises(ValueError, match='shift=17'):
+        model.generate(torch.zeros(1, 3, dtype=torch.long), 1, shift=17)
+
+
+CACHED = [dict(variant, qkv=qkv) for variant in VARIANTS for qkv in ('dense', 'cayley')] + [dict(qkv='exp')]
+
+
+@pytest.mark.parametrize('variant', CACHED, ids=lambda v: '-'.join(map(str, v.values())))
+def test_decoding_in_pieces_gives_the_full_forward(variant):
+    """Feeding a sequence through a DecodeCache in pieces (a prompt, single tokens, a chunk)
+    reproduces one full forward's logits at every position, in float64."""
+    model = GPT(tiny(**variant)).double()
+    train_steps(model, steps=3)
+    model.eval()
+    idx = torch.randint(11, (3, 16))
+    full, _ = model(idx)
+    cache, pieces = DecodeCache(), []
+    for a, b in ((0, 5), (5, 6), (6, 7), (7, 12), (12, 16)):
+        pieces.append(model(idx[:, a:b], cache=cache)[0])
+    assert cache.pos == 16
+    torch.testing.assert_close(torch.cat(pieces, 1), full, rtol=0, atol=1e-10)
+    with pytest.raises(ValueError, match='exceeds block_size'):
+        model(idx[:, :1], cache=cache)
+
+
+@pytest.mark.parametrize('variant', CACHED, ids=lambda v: '-'.join(map(str, v.values())))
+@pytest.mark.parametrize('shift', [1, 5])
+def test_cached_generation_draws_the_same_tokens(variant, shift):
+    """Past block_size the window moves (by one token, or five at a time); cached and uncached
+    generation sample the same tokens from the same generator."""
+    model = GPT(tiny(**variant)).double()
+    train_steps(model, steps=3)
+    model.eval()
+    prompt = torch.randint(11, (2, 4))
+    runs = [model.generate(prompt, 40, top_k=8, shift=shift, use_cache=c,
+                           generator=torch.Generator().manual_seed(3)) for c in (True, False)]
+    assert runs[0].shape == (2, 44)
+    assert torch.equal(runs[0], runs[1])

@@ -129,6 +129,10 @@ def test_sample_prompt_from_file_and_seed(trained, capsys, tmp_path):
     first = capsys.readouterr().out
     sample.main(args)
     assert capsys.readouterr().out == first and first.startswith('JULIET:\n')
+    sample.main(args + ['--no_cache'])
+    assert capsys.readouterr().out == first
+    with pytest.raises(SystemExit, match=r'--shift=0 must lie in \[1, '):
+        sample.main(args + ['--shift=0'])
 
 
 def test_sample_rejects_characters_outside_the_vocabulary(trained):
