@@ -448,7 +448,7 @@ class GPT(Trunk, nn.Module):
         use_cache=False with the same shift and generator (up to float rounding in the logits).
         """
         block = self.config.block_size
-        shift = shift or max(1, block // 4)
+        shift = max(1, block // 4) if shift is None else shift
         if not 1 <= shift <= block:
             raise ValueError(f"shift={shift} must lie in [1, block_size={block}]")
         start, cache = 0, None
