@@ -115,10 +115,16 @@ class AdditiveUpdate(ResidualUpdate):
         return x + u
 
 
+def wide(t):
+    """t in float32, or float64 if it is: the update rules' working precision."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
 class OrthogonalUpdate(ResidualUpdate):
     """x_next = x + u - s x,  s = <x, u> / (||x||^2 + eps)          [Oh] Sec. 3.2, Eq. 3-4.
 
-    u - s x is the part of u orthogonal to x (up to eps); s is computed in float32 ([Oh] App. F).
+    u - s x is the part of u orthogonal to x (up to eps); computed in float32 ([Oh] App. F), or
+    float64 for float64 inputs.
     mode='feature' ([Oh] Alg. 1): one s per token, over the hidden dimension.
     mode='global'  ([Oh] Alg. 2): one s per sample, over all tokens and features, x of shape
       (B, T, d). A plain global s in a causal model would let position t see positions > t, so
@@ -139,7 +145,7 @@ class OrthogonalUpdate(ResidualUpdate):
         """s in float32, broadcastable against x."""
         if self.mode == 'global' and x.dim() != 3:
             raise ValueError(f"global orthogonal mode takes (B, T, d) tensors, got shape {tuple(x.shape)}")
-        x, u = x.float(), u.float()
+        x, u = wide(x), wide(u)
         dot, sq = (x * u).sum(-1, keepdim=True), (x * x).sum(-1, keepdim=True)  # (B, T, 1)
         if self.mode == 'global':
             if self.causal:
@@ -159,7 +165,7 @@ class OrthogonalUpdate(ResidualUpdate):
                 s = s * keep
             else:
                 s = s * self.prob
-        return torch.addcmul(u.float(), x.float(), 1 - s).to(x.dtype)  # x (1 - s) + u
+        return torch.addcmul(wide(u), wide(x), 1 - s).to(x.dtype)  # x (1 - s) + u
 
     def extra_repr(self):
         return f"mode={self.mode}, eps={self.eps}, prob={self.prob}, causal={self.causal}"
@@ -174,7 +180,7 @@ class RotationUpdate(ResidualUpdate):
     i.e. exp(B) x for the bivector of x and u ([OT] Eq. 4-7; Eq. 7 turns x towards u, so acting on
     column vectors B = u_perp x^T - x u_perp^T, up to normalisation). It keeps ||x_next|| = ||x||
     on the sphere of radius sqrt(d), where the model keeps every block input. Computed in
-    float32. The paper swaps in x + u_perp below a threshold to avoid 0/0; we evaluate cos and
+    float32 (float64 for float64 inputs). The paper swaps in x + u_perp below a threshold to avoid 0/0; we evaluate cos and
     sin/theta by their Taylor series for theta < 1e-2 instead (selected with torch.where, no
     Python branch, no host sync). There the series equal the functions to float32 rounding, so
     the rule is the same, tends to x + u_perp as theta -> 0, keeps the norm exact, and its
@@ -184,7 +190,7 @@ class RotationUpdate(ResidualUpdate):
     small_angle = 1e-2
 
     def forward(self, x, u, cache=None):
-        xf, uf = x.float(), u.float()
+        xf, uf = wide(x), wide(u)
         u_perp = uf - (xf * uf).sum(-1, keepdim=True) / (xf * xf).sum(-1, keepdim=True) * xf
         theta2 = (u_perp * u_perp).sum(-1, keepdim=True) / x.shape[-1]  # (..., 1)
         small = theta2 < self.small_angle ** 2

@@ -151,3 +151,45 @@ def test_rotation_gradients_match_float64_reference():
     # the two agree on the sphere ||x|| = sqrt(d), so only the tangential part of d/dx must match
     tangent = lambda g: g - (g * x).sum(-1, keepdim=True) / d * x  # noqa: E731
     assert rel_err(tangent(gx), tangent(rx)) < 1e-5
+
+
+def seeded_rule(rule, seed=3):
+    """rule(x, u) drawing the same stochastic connections at every call, for gradcheck."""
+    def f(x, u):
+        torch.manual_seed(seed)
+        return rule(x, u)
+    return f
+
+
+@pytest.mark.parametrize('mode,causal,prob,training', [
+    ('feature', True, 1.0, True), ('global', False, 1.0, True), ('global', True, 1.0, True),
+    ('feature', True, 0.5, True), ('global', True, 0.5, True), ('global', False, 0.3, False)])
+def test_orthogonal_gradient_by_finite_differences(mode, causal, prob, training):
+    """The gradient autograd derives through the rule against finite differences, in float64."""
+    x = torch.randn(4, 5, 6, dtype=torch.float64, requires_grad=True)
+    u = torch.randn(4, 5, 6, dtype=torch.float64, requires_grad=True)
+    rule = OrthogonalUpdate(mode, eps=1e-3, prob=prob, causal=causal).train(training)
+    assert torch.autograd.gradcheck(seeded_rule(rule), (x, u))
+
+
+def test_rotation_gradient_by_finite_differences():
+    """The rotation gradient against finite differences, in float64, for tokens at large angles
+    and tokens below the small-angle switch (where it is the series' gradient)."""
+    d = 6
+    x = torch.randn(8, d, dtype=torch.float64)
+    u = 2 * torch.randn(8, d, dtype=torch.float64)
+    u[:3] = 0.7 * x[:3] + 1e-3 * torch.randn(3, d, dtype=torch.float64)  # theta ~ 1e-3
+    x[5] *= 3  # off the sphere: the rule's gradient is defined everywhere
+    assert torch.autograd.gradcheck(RotationUpdate(), (x.requires_grad_(), u.requires_grad_()))
+
+
+@pytest.mark.parametrize('rule', [OrthogonalUpdate('feature'), OrthogonalUpdate('global', causal=True), RotationUpdate()],
+                         ids=['feature', 'global-causal', 'rotation'])
+def test_half_precision_gradients_keep_their_dtype(rule):
+    x = torch.randn(2, 4, 8).bfloat16().requires_grad_()
+    u = torch.randn(2, 4, 8).bfloat16().requires_grad_()
+    rule(x, u).float().square().sum().backward()
+    assert x.grad.dtype == u.grad.dtype == torch.bfloat16
+    xf, uf = x.detach().float().requires_grad_(), u.detach().float().requires_grad_()
+    rule(xf, uf).square().sum().backward()
+    assert rel_err(x.grad, xf.grad) < 2e-2 and rel_err(u.grad, uf.grad) < 2e-2
