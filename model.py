@@ -388,17 +388,22 @@ class DecodeCache:
     """What incremental decoding carries from one GPT.forward to the next, so that feeding a
     sequence in pieces gives the logits of one full forward: each attention's keys and values,
     and each causal global orthogonal update's per-position terms <x, u> and ||x||^2. Per-token
-    rules (additive, feature orthogonal, rotation) keep nothing. `pos` counts positions seen."""
+    rules (additive, feature orthogonal, rotation) keep nothing. `pos` counts positions seen.
+    Buffers hold `capacity` positions from the start, so a step writes its own position only."""
 
-    def __init__(self):
-        self.pos, self.seen = 0, {}
+    def __init__(self, capacity):
+        self.pos, self.capacity, self.buffers = 0, capacity, {}
 
     def extend(self, module, *new, dim):
-        """Append module's new tensors to those it stored before, along dim; returns the totals."""
-        if module in self.seen:
-            new = tuple(torch.cat((old, t), dim) for old, t in zip(self.seen[module], new))
-        self.seen[module] = new
-        return new
+        """Store module's new tensors after the pos positions before them, along dim; returns
+        views of all positions so far."""
+        dim %= new[0].dim()
+        if module not in self.buffers:
+            self.buffers[module] = [t.new_empty(t.shape[:dim] + (self.capacity,) + t.shape[dim + 1:]) for t in new]
+        end = self.pos + new[0].shape[dim]
+        for buf, t in zip(self.buffers[module], new):
+            buf.narrow(dim, self.pos, t.shape[dim]).copy_(t)
+        return tuple(buf.narrow(dim, 0, end) for buf in self.buffers[module])
 
 
 class GPT(Trunk, nn.Module):
@@ -461,20 +466,21 @@ class GPT(Trunk, nn.Module):
         if not 1 <= shift <= block:
             raise ValueError(f"shift={shift} must lie in [1, block_size={block}]")
         start, cache = 0, None
-        for _ in range(max_new_tokens):
-            if idx.shape[1] - start > block:  # the window moves: read it again from its new start
-                start, cache = idx.shape[1] - (block - shift + 1), None
-            if cache is not None:
-                logits, _ = self(idx[:, -1:], cache=cache)
-            else:
-                cache = DecodeCache() if use_cache else None
-                logits, _ = self(idx[:, start:], cache=cache)
-            logits = logits[:, -1, :].float() / temperature
-            if top_k is not None:
-                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
-                logits[logits < v[:, [-1]]] = -float('inf')
-            probs = F.softmax(logits, dim=-1)
-            idx = torch.cat((idx, torch.multinomial(probs, 1, generator=generator)), dim=1)
+        with parametrize.cached():  # orthogonal Q/K/V maps computed once, not once per token
+            for _ in range(max_new_tokens):
+                if idx.shape[1] - start > block:  # the window moves: read it again from its new start
+                    start, cache = idx.shape[1] - (block - shift + 1), None
+                if cache is not None:
+                    logits, _ = self(idx[:, -1:], cache=cache)
+                else:
+                    cache = DecodeCache(block) if use_cache else None
+                    logits, _ = self(idx[:, start:], cache=cache)
+                logits = logits[:, -1, :].float() / temperature
+                if top_k is not None:
+                    v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                    logits[logits < v[:, [-1]]] = -float('inf')
+                probs = F.softmax(logits, dim=-1)
+                idx = torch.cat((idx, torch.multinomial(probs, 1, generator=generator)), dim=1)
         return idx
 
 

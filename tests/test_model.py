@@ -191,7 +191,7 @@ def test_decoding_in_pieces_gives_the_full_forward(variant):
     model.eval()
     idx = torch.randint(11, (3, 16))
     full, _ = model(idx)
-    cache, pieces = DecodeCache(), []
+    cache, pieces = DecodeCache(model.config.block_size), []
     for a, b in ((0, 5), (5, 6), (6, 7), (7, 12), (12, 16)):
         pieces.append(model(idx[:, a:b], cache=cache)[0])
     assert cache.pos == 16
@@ -213,3 +213,12 @@ def test_cached_generation_draws_the_same_tokens(variant, shift):
                            generator=torch.Generator().manual_seed(3)) for c in (True, False)]
     assert runs[0].shape == (2, 44)
     assert torch.equal(runs[0], runs[1])
+
+
+def test_generation_maps_orthogonal_weights_once():
+    model = GPT(tiny(qkv='cayley')).eval()
+    calls = []
+    for block in model.blocks:
+        block.attn.c_attn.parametrizations.weight[0].register_forward_hook(lambda *a: calls.append(1))
+    model.generate(torch.zeros(1, 2, dtype=torch.long), 30)
+    assert len(calls) == model.config.n_layer
