@@ -1,0 +1,236 @@
+"""Run configs x seeds x settings with train.py and compare them in one table and one figure.
+
+    python compare.py config/shakespeare_add.py config/shakespeare_rot.py --stack=config/cpu.py \\
+        --seeds=3 --set sigma_w=0.25,0.5,1.0 --out=compare-sigma
+    python compare.py config/vit_fashion_add.py config/vit_fashion_ortho.py --seeds=3 --nproc=2
+
+Every run is `python train.py CONFIG [STACK ...] [--key=value ...] --seed=S --out_dir=OUT/NAME` in
+its own process and folder; extra --key=value arguments go to every run, --set key=v1,v2 makes
+one group per value (several --set: every combination). Seeds are 1337, 1, 2, ... (1337 is
+train.py's default). A run is finished when its log holds the evaluation at max_iters: finished
+runs are not rerun, interrupted ones resume from their checkpoint, failed ones start again.
+--nproc runs that many at once (CPU threads are split between them; with several GPUs each run
+gets one, in turn).
+
+Writes OUT/results.md: a row per config x setting, mean +- sample std over its finished seeds of
+the best and the final validation loss (and the final top-1 / top-5 for images), the median
+tokens/s or images/s of the training log lines, and the mean wall time of the runs (the
+invocation that finished each). A run that failed or did not finish is named under the table
+with its exit status and the last lines it printed. OUT/curves.png: validation loss (and top-1
+for images) against iteration, mean over seeds, a line per row.
+"""
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import configure
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+SEEDS = [1337] + list(range(1, 100))
+
+
+def parse_set(text):
+    key, sep, values = text.partition('=')
+    if not sep or not values:
+        raise SystemExit(f"error: --set {text!r}: write --set key=v1,v2,...")
+    return [(key, v) for v in values.split(',')]
+
+
+def plan(args, extra):
+    """One dict per run: its group (config x setting), seed, name, argv and out_dir; each argv
+    checked with configure.load first, so a typo stops the comparison before any run starts."""
+    settings = list(itertools.product(*[parse_set(s) for s in args.set])) or [()]
+    runs = []
+    for config in args.configs:
+        for setting in settings:
+            label = os.path.splitext(os.path.basename(config))[0] + ''.join(f" {k}={v}" for k, v in setting)
+            for seed in SEEDS[:args.seeds]:
+                name = label.replace(' ', '-').replace('=', '') + f'-s{seed}'
+                out_dir = os.path.join(args.out, name)
+                argv = [config, *args.stack, *extra, *(f'--{k}={v}' for k, v in setting),
+                        f'--seed={seed}', f'--out_dir={out_dir}']
+                try:
+                    cfg = configure.load(argv)
+                except configure.ConfigError as e:
+                    raise SystemExit(f"error: config: {e} (run {name})")
+                runs.append(dict(group=label, seed=seed, name=name, argv=argv, out_dir=out_dir, cfg=cfg))
+    return runs
+
+
+def read_log(out_dir):
+    try:
+        with open(os.path.join(out_dir, 'log.jsonl')) as f:
+            return [json.loads(line) for line in f]
+    except (OSError, json.JSONDecodeError):
+        return []
+
+
+def finished(run):
+    return any(r['iter'] == run['cfg'].max_iters and 'val_loss' in r for r in read_log(run['out_dir']))
+
+
+def execute(runs, nproc):
+    """Run the unfinished runs, nproc at a time; records each one's exit status and wall time."""
+    todo = [r for r in runs if not finished(r)]
+    for r in runs:
+        if r not in todo:
+            print(f"{r['name']}: finished before, kept")
+    env = dict(os.environ)
+    env.setdefault('OMP_NUM_THREADS', str(max(1, (os.cpu_count() or 1) // nproc)))
+    gpus = 0
+    try:
+        import torch
+        gpus = torch.cuda.device_count()
+    except ImportError:
+        pass
+    running, slot = [], 0
+    while todo or running:
+        while todo and len(running) < nproc:
+            r = todo.pop(0)
+            resume = os.path.exists(os.path.join(r['out_dir'], 'ckpt.pt'))
+            argv = [sys.executable, os.path.join(ROOT, 'train.py'), *r['argv'], *(['--init_from=resume'] if resume else [])]
+            os.makedirs(r['out_dir'], exist_ok=True)
+            run_env = dict(env, CUDA_VISIBLE_DEVICES=str(slot % gpus)) if gpus > 1 else env
+            slot += 1
+            out = open(os.path.join(r['out_dir'], 'stdout.log'), 'a')
+            r['proc'], r['stdout'], r['t0'] = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=run_env), out, time.time()
+            print(f"{r['name']}: {'resumed' if resume else 'started'}")
+            running.append(r)
+        time.sleep(0.2)
+        for r in [r for r in running if r['proc'].poll() is not None]:
+            running.remove(r)
+            r['stdout'].close()
+            status = {'returncode': r['proc'].returncode, 'wall_s': time.time() - r['t0']}
+            with open(os.path.join(r['out_dir'], 'run.json'), 'w') as f:
+                json.dump(status, f)
+            print(f"{r['name']}: {'done' if finished(r) else 'FAILED'} (exit {status['returncode']}, {status['wall_s']:.0f} s)")
+
+
+def mean_std(values, fmt):
+    if not values:
+        return '-'
+    if len(values) == 1:
+        return fmt.format(values[0])
+    return f"{fmt.format(statistics.mean(values))} ± {fmt.format(statistics.stdev(values))}"
+
+
+def summarise(runs):
+    """{group: {'runs': [...], 'ok': [per-run numbers], 'failed': [(name, why)]}} in plan order."""
+    groups = {}
+    for r in runs:
+        g = groups.setdefault(r['group'], {'ok': [], 'failed': [], 'unit': None})
+        log = read_log(r['out_dir'])
+        evals = [x for x in log if 'val_loss' in x]
+        if not finished(r):
+            try:
+                with open(os.path.join(r['out_dir'], 'run.json')) as f:
+                    code = json.load(f)['returncode']
+            except (OSError, json.JSONDecodeError, KeyError):
+                code = None
+            try:
+                with open(os.path.join(r['out_dir'], 'stdout.log')) as f:
+                    tail = ' | '.join(line.strip() for line in f.read().splitlines()[-3:])
+            except OSError:
+                tail = ''
+            why = 'not run' if code is None else f"exit {code}" + (', stopped before max_iters' if code == 0 else '')
+            g['failed'].append((r['name'], why, tail))
+            continue
+        unit = next((k[:-len('_per_s')] for x in log for k in x if k.endswith('_per_s')), None)
+        g['unit'] = unit
+        try:
+            with open(os.path.join(r['out_dir'], 'run.json')) as f:
+                wall = json.load(f)['wall_s']
+        except (OSError, json.JSONDecodeError, KeyError):  # run by train.py itself
+            wall = None
+        rates = sorted(x[f'{unit}_per_s'] for x in log if f'{unit}_per_s' in x)
+        g['ok'].append(dict(
+            seed=r['seed'], best=min(x['val_loss'] for x in evals), final=evals[-1]['val_loss'],
+            top1=evals[-1].get('top1'), top5=evals[-1].get('top5'),
+            rate=rates[len(rates) // 2] if rates else None, wall=wall,
+            curve=[(x['iter'], x['val_loss'], x.get('top1')) for x in evals]))
+    return groups
+
+
+def table(groups):
+    images = any(r['top1'] is not None for g in groups.values() for r in g['ok'])
+    head = ['run', 'seeds', 'best val loss', 'final val loss'] + (['top-1 %', 'top-5 %'] if images else []) + \
+        ['throughput (median)', 'wall time (mean)']
+    lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
+    notes = []
+    for label, g in groups.items():
+        ok = g['ok']
+        cells = [f"`{label}`", f"{len(ok)}/{len(ok) + len(g['failed'])}",
+                 mean_std([r['best'] for r in ok], '{:.4f}'), mean_std([r['final'] for r in ok], '{:.4f}')]
+        if images:
+            cells += [mean_std([r['top1'] for r in ok if r['top1'] is not None], '{:.2f}'),
+                      mean_std([r['top5'] for r in ok if r['top5'] is not None], '{:.2f}')]
+        rates = [r['rate'] for r in ok if r['rate'] is not None]
+        cells += [f"{statistics.median(rates):,.0f} {g['unit']}/s" if rates else '-',
+                  f"{statistics.mean(walls):.0f} s" if (walls := [r['wall'] for r in ok if r['wall'] is not None]) else '-']
+        lines.append('| ' + ' | '.join(cells) + ' |')
+        notes += [f"- `{name}` failed ({why}): {tail}" for name, why, tail in g['failed']]
+    return '\n'.join(lines + ([''] + notes if notes else [])) + '\n'
+
+
+def plot(groups, path):
+    try:
+        import matplotlib
+        matplotlib.use('Agg')
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no figure (pip install matplotlib)")
+        return
+    images = any(r['top1'] is not None for g in groups.values() for r in g['ok'])
+    fig, axes = plt.subplots(1, 2 if images else 1, figsize=(11 if images else 6, 4), squeeze=False)
+    for label, g in groups.items():
+        if not g['ok']:
+            continue
+        iters = [it for it, _, _ in g['ok'][0]['curve']]
+        for ax, col in zip(axes[0], (1, 2)):
+            ys = [[p[col] for p in r['curve']] for r in g['ok'] if len(r['curve']) == len(iters)]
+            ax.plot(iters, [statistics.mean(v) for v in zip(*ys)], label=f"{label} (n={len(ys)})")
+    for ax, name in zip(axes[0], ('val loss', 'top-1 %')):
+        ax.set_xlabel('iteration')
+        ax.set_ylabel(f"{name}, mean over seeds")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('configs', nargs='+', help='config files, one group each')
+    p.add_argument('--stack', action='append', default=[], help='config file stacked after each config (e.g. config/cpu.py)')
+    p.add_argument('--seeds', type=int, default=3)
+    p.add_argument('--set', action='append', default=[], metavar='KEY=V1,V2', help='one group per value')
+    p.add_argument('--nproc', type=int, default=1, help='runs at once')
+    p.add_argument('--out', default='compare-out', help='folder for the runs, results.md and curves.png')
+    args, extra = p.parse_known_args(argv)
+    bad = [a for a in extra if not a.startswith('--') or '=' not in a]
+    if bad:
+        raise SystemExit(f"error: unexpected arguments {bad}; config keys go as --key=value")
+    if not 1 <= args.seeds <= len(SEEDS) or args.nproc < 1:
+        raise SystemExit(f"error: --seeds must lie in [1, {len(SEEDS)}] and --nproc be at least 1")
+    runs = plan(args, extra)
+    os.makedirs(args.out, exist_ok=True)
+    execute(runs, args.nproc)
+    groups = summarise(runs)
+    command = ' '.join(['python compare.py'] + (sys.argv[1:] if argv is None else list(argv)))
+    text = f"`{command}`\n\n" + table(groups)
+    with open(os.path.join(args.out, 'results.md'), 'w') as f:
+        f.write(text)
+    print(text)
+    plot(groups, os.path.join(args.out, 'curves.png'))
+    return groups
+
+
+if __name__ == '__main__':
+    main()
