@@ -4,6 +4,7 @@
     python bench.py config/shakespeare_add.py --variants=additive,rotation --steps=20 --repeats=9
     python bench.py config/shakespeare_add.py --compile --profile=trace   # CUDA: add --peak_tflops if unknown
     python bench.py config/shakespeare_add.py --sample                    # generation, with and without the KV cache
+    python bench.py config/shakespeare_add.py config/cpu.py --rules       # each update rule and Q/K/V map alone
 
 For each variant the config is rebuilt with that variant's keys, then timed on one real batch
 of its dataset, reused (a step's speed does not depend on the data): forward, backward and
@@ -13,6 +14,8 @@ variants are timed in interleaved rounds (A B C A B C ...) so that a machine who
 drifts biases none of them; each cell is the median over rounds, with the min-max spread.
 --sample times GPT.generate instead: --sample_tokens new tokens after a one-token prompt, batch
 1, top_k 200, with the DecodeCache and without (the same context window, so the same tokens).
+--rules times forward + backward of each piece a variant adds, alone, at the config's shape: the
+update rule on (batch_size, block_size, n_embd) tensors, and the orthogonal Q/K/V map of one layer.
 """
 
 import argparse
@@ -25,6 +28,7 @@ import torch
 
 import configure
 import diagnostics
+from model import RESIDUALS, OrthogonalQKV
 from guards import StepScaler, seed_all
 from tasks import DataError, make_task
 from train import make_optimizer, resolve_device, resolve_dtype, train_step
@@ -132,6 +136,7 @@ def main(argv=None):
                    help="also time train.py's --dynamics measurement against dynamics_interval steps")
     p.add_argument('--sample', action='store_true', help='time generation with and without the KV cache instead')
     p.add_argument('--sample_tokens', type=int, default=500, help='new tokens per timed generation')
+    p.add_argument('--rules', action='store_true', help='time each update rule and Q/K/V map alone instead')
     args, rest = p.parse_known_args(argv)
     try:
         base = configure.load(args.config + rest)
@@ -142,6 +147,8 @@ def main(argv=None):
         raise SystemExit(f"error: unknown variant(s) {unknown}; choose from {', '.join(VARIANTS)}")
     device = resolve_device(base.device)
     dtype = resolve_dtype(base.dtype, device.split(':')[0])
+    if args.rules:
+        return bench_rules(base, device, args)
     runners = {v: Runner(replace(base, **VARIANTS[v]), device, dtype, args.compile)
                for v in args.variants.split(',')}
     if args.sample:
@@ -210,6 +217,33 @@ def bench_sampling(runners, args):
     for v in runners:
         med = {k: sorted(rates[v, k])[len(rates[v, k]) // 2] for k in (True, False)}
         print(f"| {v} | {med[True]:,.0f} | {med[False]:,.0f} | {med[True] / med[False]:.1f}x |")
+
+
+def bench_rules(cfg, device, args):
+    """Microseconds per forward + backward of each piece alone, median of interleaved rounds."""
+    shape, d = (cfg.batch_size, cfg.block_size, cfg.n_embd), cfg.n_embd
+    x, u, g = (torch.randn(shape, device=device, requires_grad=i < 2) for i in range(3))
+    w = torch.randn(3 * d, d, device=device).mul_(0.02).requires_grad_()
+    pieces = {f'{name} update': (lambda r=rule(): r(x, u).backward(g)) for name, rule in RESIDUALS.items()}
+    pieces.update({f'{kind} Q/K/V map': (lambda m=OrthogonalQKV(kind): m(w).sum().backward()) for kind in ('cayley', 'exp')})
+    sync = torch.cuda.synchronize if device.startswith('cuda') else (lambda: None)
+    times = {k: [] for k in pieces}
+    for _ in range(args.repeats):
+        for k, f in pieces.items():
+            f()
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(args.steps):
+                f()
+            sync()
+            times[k].append((time.perf_counter() - t0) / args.steps)
+    print(f"{device}, {torch.get_num_threads()} threads; update rules on {shape} float32 tensors, maps of "
+          f"(3 x {d} x {d}); median of {args.repeats} interleaved rounds of {args.steps}")
+    print("| piece | forward + backward, us | spread (min-max) |")
+    print("|---|---|---|")
+    for k, ts in times.items():
+        ts.sort()
+        print(f"| {k} | {ts[len(ts) // 2] * 1e6:,.0f} | {ts[0] * 1e6:,.0f}-{ts[-1] * 1e6:,.0f} |")
 
 
 if __name__ == '__main__':

@@ -1,0 +1,32 @@
+"""bench.py on a tiny model: every mode prints its table with a row per variant or piece."""
+
+import os
+
+import pytest
+
+import bench
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ['--n_layer=1', '--n_head=2', '--n_embd=16', '--block_size=16', '--batch_size=2', '--device=cpu',
+        '--steps=1', '--repeats=1', '--warmup=1']
+
+
+def rows(text):
+    return {line.split('|')[1].strip(): line for line in text.splitlines() if line.startswith('| ') and '---' not in line}
+
+
+@pytest.mark.parametrize('mode,expect', [
+    ([], ['additive', 'orthogonal', 'rotation', 'cayley']),
+    (['--sample', '--sample_tokens=20'], ['additive', 'orthogonal', 'rotation', 'cayley']),
+    (['--rules'], ['additive update', 'orthogonal update', 'rotation update', 'cayley Q/K/V map', 'exp Q/K/V map'])])
+def test_bench_tables(mode, expect, char_data, capsys):
+    bench.main([os.path.join(ROOT, 'config', 'shakespeare_add.py'), *TINY, f'--data_dir={char_data}', *mode])
+    table = rows(capsys.readouterr().out)
+    assert set(expect) <= set(table)
+    if not mode:
+        assert '+0.0%' in table['additive']
+
+
+def test_bench_rejects_unknown_variants(char_data):
+    with pytest.raises(SystemExit, match='unknown variant'):
+        bench.main([os.path.join(ROOT, 'config', 'shakespeare_add.py'), *TINY, '--variants=additive,rotaton'])
