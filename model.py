@@ -142,7 +142,7 @@ class OrthogonalUpdate(ResidualUpdate):
         self.mode, self.eps, self.prob, self.causal = mode, eps, prob, causal
 
     def scale(self, x, u, cache=None):
-        """s in float32, broadcastable against x."""
+        """s in float32 (float64 for float64 inputs), broadcastable against x."""
         if self.mode == 'global' and x.dim() != 3:
             raise ValueError(f"global orthogonal mode takes (B, T, d) tensors, got shape {tuple(x.shape)}")
         x, u = wide(x), wide(u)
@@ -180,11 +180,11 @@ class RotationUpdate(ResidualUpdate):
     i.e. exp(B) x for the bivector of x and u ([OT] Eq. 4-7; Eq. 7 turns x towards u, so acting on
     column vectors B = u_perp x^T - x u_perp^T, up to normalisation). It keeps ||x_next|| = ||x||
     on the sphere of radius sqrt(d), where the model keeps every block input. Computed in
-    float32 (float64 for float64 inputs). The paper swaps in x + u_perp below a threshold to avoid 0/0; we evaluate cos and
-    sin/theta by their Taylor series for theta < 1e-2 instead (selected with torch.where, no
-    Python branch, no host sync). There the series equal the functions to float32 rounding, so
-    the rule is the same, tends to x + u_perp as theta -> 0, keeps the norm exact, and its
-    gradient is finite at u_perp = 0.
+    float32 (float64 for float64 inputs). The paper swaps in x + u_perp below a threshold to
+    avoid 0/0; we evaluate cos and sin/theta by their Taylor series for theta < 1e-2 instead
+    (selected with torch.where, no Python branch, no host sync). There the series equal the
+    functions to float32 rounding, so the rule is the same, tends to x + u_perp as theta -> 0,
+    keeps the norm exact, and its gradient is finite at u_perp = 0.
     """
     keeps_norm = True
     small_angle = 1e-2
