@@ -52,6 +52,8 @@ def plan(args, extra):
             label = os.path.splitext(os.path.basename(config))[0] + ''.join(f" {k}={v}" for k, v in setting)
             for seed in SEEDS[:args.seeds]:
                 name = label.replace(' ', '-').replace('=', '') + f'-s{seed}'
+                if any(r['name'] == name for r in runs):
+                    raise SystemExit(f"error: two runs would share the folder {name}: give the configs distinct file names")
                 out_dir = os.path.join(args.out, name)
                 argv = [config, *args.stack, *extra, *(f'--{k}={v}' for k, v in setting),
                         f'--seed={seed}', f'--out_dir={out_dir}']
@@ -89,7 +91,18 @@ def execute(runs, nproc):
         gpus = torch.cuda.device_count()
     except ImportError:
         pass
-    running, slot = [], 0
+    running = []
+    try:
+        launch(todo, running, nproc, env, gpus)
+    except KeyboardInterrupt:  # the runs got the signal too: let them save their checkpoints
+        for r in running:
+            r['proc'].wait()
+        raise SystemExit("interrupted; the same command resumes the unfinished runs")
+
+
+def launch(todo, running, nproc, env, gpus):
+    """Keeps nproc runs going until every run in todo has ended."""
+    slot = 0
     while todo or running:
         while todo and len(running) < nproc:
             r = todo.pop(0)

@@ -74,4 +74,6 @@ def test_config_errors_stop_before_any_run(tmp_path):
         compare.main([CONFIGS[0], f'--out={tmp_path}', '--max_iter=5'])
     with pytest.raises(SystemExit, match='key=v1,v2'):
         compare.main([CONFIGS[0], f'--out={tmp_path}', '--set=seed'])
+    with pytest.raises(SystemExit, match='share the folder shakespeare_add-s1337'):
+        compare.main([CONFIGS[0], CONFIGS[0], f'--out={tmp_path}'])
     assert not os.listdir(tmp_path)
