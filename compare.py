@@ -201,14 +201,20 @@ def plot(groups, path):
         return
     images = any(r['top1'] is not None for g in groups.values() for r in g['ok'])
     fig, axes = plt.subplots(1, 2 if images else 1, figsize=(11 if images else 6, 4), squeeze=False)
+    late = [[], []]  # values after the first quarter of training, which set the y range
     for label, g in groups.items():
         if not g['ok']:
             continue
         iters = [it for it, _, _ in g['ok'][0]['curve']]
-        for ax, col in zip(axes[0], (1, 2)):
+        for ax, col, seen in zip(axes[0], (1, 2), late):
             ys = [[p[col] for p in r['curve']] for r in g['ok'] if len(r['curve']) == len(iters)]
-            ax.plot(iters, [statistics.mean(v) for v in zip(*ys)], label=f"{label} (n={len(ys)})")
-    for ax, name in zip(axes[0], ('val loss', 'top-1 %')):
+            mean = [statistics.mean(v) for v in zip(*ys)]
+            ax.plot(iters, mean, label=f"{label} (n={len(ys)})")
+            seen += [m for it, m in zip(iters, mean) if it >= iters[-1] / 4]
+    for ax, name, seen in zip(axes[0], ('val loss', 'top-1 %'), late):
+        if seen:  # the first evaluations would squash the differences at the end
+            pad = (max(seen) - min(seen)) * 0.05 or 0.01
+            ax.set_ylim(min(seen) - pad, max(seen) + pad)
         ax.set_xlabel('iteration')
         ax.set_ylabel(f"{name}, mean over seeds")
         ax.grid(alpha=0.3)
