@@ -24,6 +24,7 @@ import argparse
 import itertools
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -242,7 +243,7 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     execute(runs, args.nproc)
     groups = summarise(runs)
-    command = ' '.join(['python compare.py'] + (sys.argv[1:] if argv is None else list(argv)))
+    command = 'python compare.py ' + shlex.join(sys.argv[1:] if argv is None else argv)
     text = f"`{command}`\n\n" + table(groups)
     with open(os.path.join(args.out, 'results.md'), 'w') as f:
         f.write(text)
