@@ -43,6 +43,11 @@ VARIANTS = {
 PEAK_TFLOPS = {'H100': 989.0, 'H200': 989.0, 'A100': 312.0, 'L4': 121.0, 'A10': 125.0}  # bf16 dense
 
 
+def median(xs):
+    """The upper median: a value that was measured, never an average of two."""
+    return sorted(xs)[len(xs) // 2]
+
+
 def peak_flops(device, override):
     if override:
         return override * 1e12
@@ -168,7 +173,7 @@ def main(argv=None):
 
     peak = peak_flops(device, args.peak_tflops)
     first = next(iter(runners))
-    ref = sorted(times[first])[len(times[first]) // 2]
+    ref = median(times[first])
     c = runners[first].task.cfg
     shape = (f"block {c.block_size}" if runners[first].task.unit == 'tok' else
              f"{c.image_size}px images in {c.patch_size}px patches")
@@ -180,7 +185,7 @@ def main(argv=None):
     print("|---|---|---|---|---|---|---|")
     for v, r in runners.items():
         ts = sorted(times[v])
-        med = ts[len(ts) // 2]
+        med = median(ts)
         items = r.task.items_per_iter
         mfu = f"{r.task.flops_per_item(r.raw) * items / med / peak:.1%}" if peak else '-'
         if r.device_type == 'cuda':
@@ -193,8 +198,8 @@ def main(argv=None):
         print(f"\n| variant | one dynamics measurement, ms | overhead at dynamics_interval={base.dynamics_interval} |")
         print("|---|---|---|")
         for v, r in runners.items():
-            dyn = sorted(r.time_dynamics() for _ in range(args.repeats))[args.repeats // 2]
-            step = sorted(times[v])[len(times[v]) // 2]
+            dyn = median([r.time_dynamics() for _ in range(args.repeats)])
+            step = median(times[v])
             print(f"| {v} | {dyn * 1e3:.1f} | {dyn / (base.dynamics_interval * step):.2%} |")
 
 
@@ -208,14 +213,15 @@ def bench_sampling(runners, args):
         for v, r in runners.items():
             for c in (True, False):
                 rates[v, c].append(r.time_sampling(args.sample_tokens, c))
-    c = next(iter(runners.values())).cfg
-    print(f"{next(iter(runners.values())).device}, {torch.get_num_threads()} threads; {c.n_layer} layers x {c.n_embd}, "
+    first = next(iter(runners.values()))
+    c = first.cfg
+    print(f"{first.device}, {torch.get_num_threads()} threads; {c.n_layer} layers x {c.n_embd}, "
           f"block {c.block_size}; {args.sample_tokens} new tokens after a 1-token prompt, batch 1, window shift "
-          f"{max(1, c.block_size // 4)}; median of {args.repeats} interleaved rounds")
+          f"{first.raw.window_shift()}; median of {args.repeats} interleaved rounds")
     print("| variant | tokens/s, KV cache | tokens/s, no cache | speed-up |")
     print("|---|---|---|---|")
     for v in runners:
-        med = {k: sorted(rates[v, k])[len(rates[v, k]) // 2] for k in (True, False)}
+        med = {k: median(rates[v, k]) for k in (True, False)}
         print(f"| {v} | {med[True]:,.0f} | {med[False]:,.0f} | {med[True] / med[False]:.1f}x |")
 
 
@@ -243,7 +249,7 @@ def bench_rules(cfg, device, args):
     print("|---|---|---|")
     for k, ts in times.items():
         ts.sort()
-        print(f"| {k} | {ts[len(ts) // 2] * 1e6:,.0f} | {ts[0] * 1e6:,.0f}-{ts[-1] * 1e6:,.0f} |")
+        print(f"| {k} | {median(ts) * 1e6:,.0f} | {ts[0] * 1e6:,.0f}-{ts[-1] * 1e6:,.0f} |")
 
 
 if __name__ == '__main__':

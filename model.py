@@ -450,6 +450,14 @@ class GPT(Trunk, nn.Module):
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
         return logits, loss
 
+    def window_shift(self, shift=None):
+        """generate()'s shift, checked; None gives the default, block_size // 4."""
+        block = self.config.block_size
+        shift = max(1, block // 4) if shift is None else shift
+        if not 1 <= shift <= block:
+            raise ValueError(f"shift={shift} must lie in [1, block_size={block}]")
+        return shift
+
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None, use_cache=True, shift=None):
         """Append max_new_tokens sampled tokens to idx (B, T).
@@ -461,10 +469,7 @@ class GPT(Trunk, nn.Module):
         context, and reads the whole window again only when it moves; the tokens are those of
         use_cache=False with the same shift and generator (up to float rounding in the logits).
         """
-        block = self.config.block_size
-        shift = max(1, block // 4) if shift is None else shift
-        if not 1 <= shift <= block:
-            raise ValueError(f"shift={shift} must lie in [1, block_size={block}]")
+        block, shift = self.config.block_size, self.window_shift(shift)
         start, cache = 0, None
         with parametrize.cached():  # orthogonal Q/K/V maps computed once, not once per token
             for _ in range(max_new_tokens):
