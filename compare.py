@@ -12,15 +12,26 @@ runs are not rerun, interrupted ones resume from their checkpoint, failed ones s
 --nproc runs that many at once (CPU threads are split between them; with several GPUs each run
 gets one, in turn).
 
-Writes OUT/results.md: a row per config x setting, mean +- sample std over its finished seeds of
-the best and the final validation loss (and the final top-1 / top-5 for images), the median
-tokens/s or images/s of the training log lines, and the mean wall time of the runs (the
-invocation that finished each). A run that failed or did not finish is named under the table
+Switching mid-training ([Oh] Sec. 4.3 and App. C.3, L->O and O->L):
+    python compare.py config/vit_fashion_add.py config/vit_fashion_ortho.py --seeds=3 \\
+        --switch residual=additive,orthogonal --switch_at=1300 [--switch_reset]
+trains each config x setting x seed once up to --switch_at (folder NAME-first<ITER>-sS), then
+continues a copy of that run to max_iters once per --switch value (one group per value, so the
+example gives L->L, L->O, O->L and O->O from two first phases). Without --switch_reset the first
+phase keeps the full run's learning-rate schedule and the second continues it with the same AdamW
+state (App. C.3); with it the first phase is a complete run of --switch_at iterations (its
+schedule decays there) and the second restarts AdamW and the schedule, warmup included (Sec. 4.3).
+
+Writes OUT/results.md: a row per config x setting (x switch value), mean +- sample std over its
+finished seeds of the best and the final validation loss (and the final top-1 / top-5 for
+images), the median tokens/s or images/s of the training log lines, and the mean wall time of
+the runs (the invocation that finished each, plus its first phase). A run that failed or did not finish is named under the table
 with its exit status and the last lines it printed. OUT/curves.png: validation loss (and top-1
 for images) against iteration, mean over seeds, a line per row.
 """
 
 import argparse
+import filecmp
 import itertools
 import json
 import os
@@ -28,9 +39,13 @@ import shlex
 import statistics
 import subprocess
 import sys
+import shutil
 import time
+from dataclasses import fields
 
 import configure
+import model
+from train import resume_problems
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 SEEDS = [1337] + list(range(1, 100))
@@ -43,26 +58,56 @@ def parse_set(text):
     return [(key, v) for v in values.split(',')]
 
 
+def load(argv, name):
+    try:
+        return configure.load(argv)
+    except configure.ConfigError as e:
+        raise SystemExit(f"error: config: {e} (run {name})")
+
+
 def plan(args, extra):
-    """One dict per run: its group (config x setting), seed, name, argv and out_dir; each argv
-    checked with configure.load first, so a typo stops the comparison before any run starts."""
+    """One dict per run: its group (config x setting, None for a first phase), seed, name, argv,
+    out_dir and, for a second phase, the first phase it continues (`after`); each argv checked
+    with configure.load first, so a typo stops the comparison before any run starts."""
     settings = list(itertools.product(*[parse_set(s) for s in args.set])) or [()]
+    switches = list(itertools.product(*[parse_set(s) for s in args.switch])) if args.switch else []
+    model_keys = {f.name for c in (model.GPTConfig, model.ViTConfig) for f in fields(c)}
     runs = []
+
+    def add(group, seed, name, argv, **extra_fields):
+        if any(r['name'] == name for r in runs):
+            raise SystemExit(f"error: two runs would share the folder {name}: give the configs distinct file names")
+        out_dir = os.path.join(args.out, name)
+        argv = [*argv, f'--seed={seed}', f'--out_dir={out_dir}']
+        runs.append(dict(group=group, seed=seed, name=name, argv=argv, out_dir=out_dir, cfg=load(argv, name),
+                         **extra_fields))
+        return runs[-1]
+
     for config in args.configs:
         for setting in settings:
             label = os.path.splitext(os.path.basename(config))[0] + ''.join(f" {k}={v}" for k, v in setting)
+            stem = label.replace(' ', '-').replace('=', '')
+            argv = [config, *args.stack, *extra, *(f'--{k}={v}' for k, v in setting)]
             for seed in SEEDS[:args.seeds]:
-                name = label.replace(' ', '-').replace('=', '') + f'-s{seed}'
-                if any(r['name'] == name for r in runs):
-                    raise SystemExit(f"error: two runs would share the folder {name}: give the configs distinct file names")
-                out_dir = os.path.join(args.out, name)
-                argv = [config, *args.stack, *extra, *(f'--{k}={v}' for k, v in setting),
-                        f'--seed={seed}', f'--out_dir={out_dir}']
-                try:
-                    cfg = configure.load(argv)
-                except configure.ConfigError as e:
-                    raise SystemExit(f"error: config: {e} (run {name})")
-                runs.append(dict(group=label, seed=seed, name=name, argv=argv, out_dir=out_dir, cfg=cfg))
+                if not switches:
+                    add(label, seed, f'{stem}-s{seed}', argv)
+                    continue
+                cfg = load(argv, stem)
+                if not 0 < args.switch_at < cfg.max_iters:
+                    raise SystemExit(f"error: --switch_at={args.switch_at} must lie between 0 and max_iters={cfg.max_iters}")
+                decay = cfg.max_iters if cfg.lr_decay_iters is None else cfg.lr_decay_iters
+                first = add(None, seed, f'{stem}-first{args.switch_at}-s{seed}',
+                            [*argv, f'--max_iters={args.switch_at}',
+                             f'--lr_decay_iters={args.switch_at if args.switch_reset else decay}'])
+                for switch in switches:
+                    run = add(label + ' → ' + ' '.join(f"{k}={v}" for k, v in switch), seed,
+                              f"{stem}-then-{'-'.join(f'{k}{v}' for k, v in switch)}-s{seed}",
+                              [*argv, *(f'--{k}={v}' for k, v in switch), f'--lr_decay_iters={decay}'],
+                              after=first, reset=args.switch_reset)
+                    problems = resume_problems(first['cfg'], run['cfg'], model_keys)
+                    if problems:
+                        raise SystemExit(f"error: --switch: {run['name']} cannot continue {first['name']}: "
+                                         + '; '.join(problems))
     return runs
 
 
@@ -101,15 +146,34 @@ def execute(runs, nproc):
         raise SystemExit("interrupted; the same command resumes the unfinished runs")
 
 
+def start(r):
+    """train.py's argv for r. A second phase starts from a copy of its first phase's checkpoint
+    and log, and resets the optimizer (--switch_reset) only while that copy is its checkpoint."""
+    ckpt = os.path.join(r['out_dir'], 'ckpt.pt')
+    os.makedirs(r['out_dir'], exist_ok=True)
+    after = r.get('after')
+    if after and not os.path.exists(ckpt):
+        for f in ('ckpt.pt', 'log.jsonl'):
+            shutil.copy2(os.path.join(after['out_dir'], f), os.path.join(r['out_dir'], f))
+    resume = os.path.exists(ckpt)
+    reset = r.get('reset') and filecmp.cmp(ckpt, os.path.join(after['out_dir'], 'ckpt.pt'), shallow=False)
+    return ([sys.executable, os.path.join(ROOT, 'train.py'), *r['argv']] + (['--init_from=resume'] if resume else [])
+            + (['--reset_optimizer=True'] if reset else [])), resume
+
+
 def launch(todo, running, nproc, env, gpus):
-    """Keeps nproc runs going until every run in todo has ended."""
+    """Keeps nproc runs going until every run in todo has ended; a second phase waits for its
+    first and is dropped (reported as not run) when that one fails."""
     slot = 0
     while todo or running:
-        while todo and len(running) < nproc:
-            r = todo.pop(0)
-            resume = os.path.exists(os.path.join(r['out_dir'], 'ckpt.pt'))
-            argv = [sys.executable, os.path.join(ROOT, 'train.py'), *r['argv'], *(['--init_from=resume'] if resume else [])]
-            os.makedirs(r['out_dir'], exist_ok=True)
+        for r in [r for r in todo if r.get('after') and r['after'] not in todo + running and not finished(r['after'])]:
+            todo.remove(r)
+            print(f"{r['name']}: not run, its first phase {r['after']['name']} did not finish")
+        ready = [r for r in todo if not r.get('after') or finished(r['after'])]
+        while ready and len(running) < nproc:
+            r = ready.pop(0)
+            todo.remove(r)
+            argv, resume = start(r)
             run_env = dict(env, CUDA_VISIBLE_DEVICES=str(slot % gpus)) if gpus > 1 else env
             slot += 1
             out = open(os.path.join(r['out_dir'], 'stdout.log'), 'a')
@@ -134,34 +198,46 @@ def mean_std(values, fmt):
     return f"{fmt.format(statistics.mean(values))} ± {fmt.format(statistics.stdev(values))}"
 
 
+def run_status(r):
+    """(exit status or None when never run, wall seconds or None, the last 3 lines it printed)."""
+    try:
+        with open(os.path.join(r['out_dir'], 'run.json')) as f:
+            status = json.load(f)
+    except (OSError, json.JSONDecodeError):  # never run, or run by train.py itself
+        status = {}
+    try:
+        with open(os.path.join(r['out_dir'], 'stdout.log')) as f:
+            tail = ' | '.join(line.strip() for line in f.read().splitlines()[-3:])
+    except OSError:
+        tail = ''
+    return status.get('returncode'), status.get('wall_s'), tail
+
+
 def summarise(runs):
-    """{group: {'runs': [...], 'ok': [per-run numbers], 'failed': [(name, why)]}} in plan order."""
+    """{group: {'ok': [per-run numbers], 'failed': [(name, why, tail)], 'unit': ...}} in plan
+    order; a second phase's wall time includes its first phase's."""
     groups = {}
     for r in runs:
+        if r['group'] is None:
+            continue
         g = groups.setdefault(r['group'], {'ok': [], 'failed': [], 'unit': None})
         log = read_log(r['out_dir'])
         evals = [x for x in log if 'val_loss' in x]
+        code, wall, tail = run_status(r)
         if not finished(r):
-            try:
-                with open(os.path.join(r['out_dir'], 'run.json')) as f:
-                    code = json.load(f)['returncode']
-            except (OSError, json.JSONDecodeError, KeyError):
-                code = None
-            try:
-                with open(os.path.join(r['out_dir'], 'stdout.log')) as f:
-                    tail = ' | '.join(line.strip() for line in f.read().splitlines()[-3:])
-            except OSError:
-                tail = ''
-            why = 'not run' if code is None else f"exit {code}" + (', stopped before max_iters' if code == 0 else '')
+            after = r.get('after')
+            if code is None and after and not finished(after):
+                code, _, tail = run_status(after)
+                why = f"its first phase {after['name']} did not finish" + ('' if code is None else f", exit {code}")
+            else:
+                why = 'not run' if code is None else f"exit {code}" + (', stopped before max_iters' if code == 0 else '')
             g['failed'].append((r['name'], why, tail))
             continue
+        if r.get('after') and wall is not None:
+            first_wall = run_status(r['after'])[1]
+            wall = None if first_wall is None else wall + first_wall
         unit = next((k[:-len('_per_s')] for x in log for k in x if k.endswith('_per_s')), None)
         g['unit'] = unit
-        try:
-            with open(os.path.join(r['out_dir'], 'run.json')) as f:
-                wall = json.load(f)['wall_s']
-        except (OSError, json.JSONDecodeError, KeyError):  # run by train.py itself
-            wall = None
         rates = sorted(x[f'{unit}_per_s'] for x in log if f'{unit}_per_s' in x)
         g['ok'].append(dict(
             seed=r['seed'], best=min(x['val_loss'] for x in evals), final=evals[-1]['val_loss'],
@@ -192,13 +268,16 @@ def table(groups):
     return '\n'.join(lines + ([''] + notes if notes else [])) + '\n'
 
 
-def plot(groups, path):
+def plot(groups, path, switch_at=None):
     try:
         import matplotlib
         matplotlib.use('Agg')
         import matplotlib.pyplot as plt
     except ImportError:
         print("matplotlib is not installed: no figure (pip install matplotlib)")
+        return
+    if not any(g['ok'] for g in groups.values()):
+        print("no finished runs: no figure")
         return
     images = any(r['top1'] is not None for g in groups.values() for r in g['ok'])
     fig, axes = plt.subplots(1, 2 if images else 1, figsize=(11 if images else 6, 4), squeeze=False)
@@ -216,6 +295,8 @@ def plot(groups, path):
         if seen:  # the first evaluations would squash the differences at the end
             pad = (max(seen) - min(seen)) * 0.05 or 0.01
             ax.set_ylim(min(seen) - pad, max(seen) + pad)
+        if switch_at:
+            ax.axvline(switch_at, color='grey', lw=0.8, ls='--')
         ax.set_xlabel('iteration')
         ax.set_ylabel(f"{name}, mean over seeds")
         ax.grid(alpha=0.3)
@@ -225,12 +306,16 @@ def plot(groups, path):
     print(f"wrote {path}")
 
 
-def main(argv=None):
+def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('configs', nargs='+', help='config files, one group each')
     p.add_argument('--stack', action='append', default=[], help='config file stacked after each config (e.g. config/cpu.py)')
     p.add_argument('--seeds', type=int, default=3)
     p.add_argument('--set', action='append', default=[], metavar='KEY=V1,V2', help='one group per value')
+    p.add_argument('--switch', action='append', default=[], metavar='KEY=V1,V2',
+                   help='continue each run at --switch_at with each value (one group per value)')
+    p.add_argument('--switch_at', type=int, help='iteration of the switch')
+    p.add_argument('--switch_reset', action='store_true', help='first phase a complete run; fresh AdamW and schedule after the switch')
     p.add_argument('--nproc', type=int, default=1, help='runs at once')
     p.add_argument('--out', default='compare-out', help='folder for the runs, results.md and curves.png')
     args, extra = p.parse_known_args(argv)
@@ -239,16 +324,27 @@ def main(argv=None):
         raise SystemExit(f"error: unexpected arguments {bad}; config keys go as --key=value")
     if not 1 <= args.seeds <= len(SEEDS) or args.nproc < 1:
         raise SystemExit(f"error: --seeds must lie in [1, {len(SEEDS)}] and --nproc be at least 1")
+    if bool(args.switch) != (args.switch_at is not None) or (args.switch_reset and not args.switch):
+        raise SystemExit("error: --switch KEY=V1,V2 and --switch_at=ITER go together (--switch_reset with them)")
+    return args, extra
+
+
+def main(argv=None):
+    args, extra = parse_args(argv)
     runs = plan(args, extra)
     os.makedirs(args.out, exist_ok=True)
     execute(runs, args.nproc)
     groups = summarise(runs)
     command = 'python compare.py ' + shlex.join(sys.argv[1:] if argv is None else argv)
-    text = f"`{command}`\n\n" + table(groups)
+    protocol = '' if not args.switch else (
+        f"Second phases continue their first phase's checkpoint from iteration {args.switch_at} "
+        + ("with a fresh AdamW and learning-rate schedule.\n\n" if args.switch_reset
+           else "with its AdamW state and learning-rate schedule.\n\n"))
+    text = f"`{command}`\n\n" + protocol + table(groups)
     with open(os.path.join(args.out, 'results.md'), 'w') as f:
         f.write(text)
     print(text)
-    plot(groups, os.path.join(args.out, 'curves.png'))
+    plot(groups, os.path.join(args.out, 'curves.png'), args.switch_at)
     return groups
 
 

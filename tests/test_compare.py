@@ -77,3 +77,81 @@ def test_config_errors_stop_before_any_run(tmp_path):
     with pytest.raises(SystemExit, match='share the folder shakespeare_add-s1337'):
         compare.main([CONFIGS[0], CONFIGS[0], f'--out={tmp_path}'])
     assert not os.listdir(tmp_path)
+
+
+@pytest.fixture(scope='module')
+def switched(compared):
+    """[Oh] Sec. 4.3 on tiny runs: additive for 10 iterations, then additive or orthogonal to 20
+    with a fresh optimizer and schedule."""
+    root, _, _ = compared
+    args = [CONFIGS[0], '--seeds=1', '--nproc=2', f'--out={root / "switch"}', *TINY, f'--data_dir={root / "data"}',
+            '--switch', 'residual=additive,orthogonal', '--switch_at=10', '--switch_reset']
+    return root / 'switch', compare.main(args)
+
+
+def test_a_switch_continues_one_first_phase_once_per_value(switched):
+    out, groups = switched
+    assert list(groups) == ['shakespeare_add → residual=additive', 'shakespeare_add → residual=orthogonal']
+    assert sorted(os.listdir(out)) == ['curves.png', 'results.md', 'shakespeare_add-first10-s1337',
+                                       'shakespeare_add-then-residualadditive-s1337',
+                                       'shakespeare_add-then-residualorthogonal-s1337']
+    first = logged(out / 'shakespeare_add-first10-s1337')
+    assert first[-1]['iter'] == 10 and 'val_loss' in first[-1]
+    for value in ('additive', 'orthogonal'):
+        second = logged(out / f'shakespeare_add-then-residual{value}-s1337')
+        assert second[:len(first)] == first, "the second phase's log starts with its first phase's"
+        resume = second[len(first)]
+        assert resume['event'] == 'resume' and resume['reset_optimizer'] is True
+        assert resume['changes'].get('residual') == (None if value == 'additive' else ['additive', 'orthogonal'])
+        lr = {r['iter']: r['lr'] for r in first + second if 'lr' in r}
+        assert lr[15] == lr[5], "the schedule restarts at the switch"
+        assert [r['iter'] for r in second if 'val_loss' in r][-1] == 20
+    assert 'fresh AdamW' in (out / 'results.md').read_text()
+
+
+def test_a_resumed_second_phase_is_not_reset_again(switched, tmp_path):
+    out, _ = switched
+    runs = compare.plan(*compare.parse_args([CONFIGS[0], '--seeds=1', f'--out={out}', *TINY, '--switch',
+                                             'residual=orthogonal', '--switch_at=10', '--switch_reset']))
+    first, second = runs
+    argv, resume = compare.start(second)  # its checkpoint is its own, from iteration 20
+    assert resume and '--reset_optimizer=True' not in argv
+    argv, resume = compare.start(dict(second, out_dir=str(tmp_path)))  # a fresh copy of the first phase
+    assert resume and '--reset_optimizer=True' in argv
+    assert (tmp_path / 'ckpt.pt').read_bytes() == (out / first['name'] / 'ckpt.pt').read_bytes()
+
+
+def test_a_switch_without_reset_continues_the_run_exactly(compared):
+    """App. C.3's protocol: the first phase stops inside the full run's schedule and the second
+    resumes it, so switching to the same rule reproduces the uninterrupted run."""
+    root, _, _ = compared
+    out = root / 'continued'
+    compare.main([CONFIGS[0], '--seeds=1', '--nproc=2', f'--out={out}', *TINY, f'--data_dir={root / "data"}',
+                  '--switch', 'residual=additive', '--switch_at=10'])  # one thread per run, as in `compared`
+    whole = [r for r in logged(root / 'out' / 'shakespeare_add-s1337') if 'ms_per_iter' not in r]
+    parts = [r for r in logged(out / 'shakespeare_add-then-residualadditive-s1337')
+             if 'ms_per_iter' not in r and 'event' not in r]
+    assert parts == whole
+    assert 'with its AdamW state' in (out / 'results.md').read_text()
+
+
+def test_a_failed_first_phase_is_reported_in_its_second_phases_rows(compared, tmp_path):
+    root, _, _ = compared
+    groups = compare.main([CONFIGS[0], '--seeds=1', f'--out={tmp_path}', *TINY, f'--data_dir={root / "data"}',
+                           '--init_from=resume', '--switch', 'residual=additive,orthogonal', '--switch_at=10'])
+    assert [len(g['ok']) for g in groups.values()] == [0, 0]
+    text = (tmp_path / 'results.md').read_text()
+    for value in ('additive', 'orthogonal'):
+        assert re.search(rf'`shakespeare_add-then-residual{value}-s1337` failed \(its first phase '
+                         rf'shakespeare_add-first10-s1337 did not finish, exit 1\): .*no checkpoint', text)
+    assert sorted(os.listdir(tmp_path)) == ['results.md', 'shakespeare_add-first10-s1337']
+
+
+def test_switch_errors_stop_before_any_run(tmp_path):
+    with pytest.raises(SystemExit, match="'rotation' builds another architecture"):
+        compare.main([CONFIGS[0], f'--out={tmp_path}', '--switch=residual=rotation', '--switch_at=10'])
+    with pytest.raises(SystemExit, match='--switch_at=5000 must lie between 0 and max_iters=5000'):
+        compare.main([CONFIGS[0], f'--out={tmp_path}', '--switch=residual=orthogonal', '--switch_at=5000'])
+    with pytest.raises(SystemExit, match='go together'):
+        compare.main([CONFIGS[0], f'--out={tmp_path}', '--switch=residual=orthogonal'])
+    assert not os.listdir(tmp_path)
