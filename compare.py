@@ -10,7 +10,7 @@ one group per value (several --set: every combination). Seeds are 1337, 1, 2, ..
 train.py's default). A run is finished when its log holds the evaluation at max_iters: finished
 runs are not rerun, interrupted ones resume from their checkpoint, failed ones start again.
 --nproc runs that many at once (CPU threads are split between them; with several GPUs each run
-gets one, in turn).
+gets one, in turn). Ctrl-C or SIGTERM stops the runs at their next step with a checkpoint.
 
 Switching mid-training ([Oh] Sec. 4.3 and App. C.3, L->O and O->L):
     python compare.py config/vit_fashion_add.py config/vit_fashion_ortho.py --seeds=3 \\
@@ -36,10 +36,11 @@ import itertools
 import json
 import os
 import shlex
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
-import shutil
 import time
 from dataclasses import fields
 
@@ -138,9 +139,16 @@ def execute(runs, nproc):
     except ImportError:
         pass
     running = []
+
+    def terminate(signum, frame):  # Ctrl-C in a terminal reaches the runs by itself, SIGTERM does not
+        for r in running:
+            r['proc'].terminate()
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, terminate)
     try:
         launch(todo, running, nproc, env, gpus)
-    except KeyboardInterrupt:  # the runs got the signal too: let them save their checkpoints
+    except KeyboardInterrupt:  # let the runs save their checkpoints
         for r in running:
             r['proc'].wait()
         raise SystemExit("interrupted; the same command resumes the unfinished runs")

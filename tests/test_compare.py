@@ -4,7 +4,11 @@ the runs' own logs, and a failing run reported in the table."""
 import json
 import os
 import re
+import signal
 import statistics
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -67,6 +71,24 @@ def test_a_failing_run_is_a_row_not_a_gap(compared, tmp_path):
     text = (out / 'results.md').read_text()
     assert '| `shakespeare_add init_from=resume` | 0/1 | - |' in text
     assert re.search(r'`shakespeare_add-init_fromresume-s1337` failed \(exit 1\): .*no checkpoint', text)
+
+
+def test_sigterm_stops_the_runs_with_their_checkpoints(compared, tmp_path):
+    """A scheduler's SIGTERM reaches compare.py alone; it passes it on and waits for the runs."""
+    root, _, _ = compared
+    out = tmp_path / 'out'
+    cmd = [sys.executable, os.path.join(ROOT, 'compare.py'), CONFIGS[0], '--seeds=1', f'--out={out}', *TINY,
+           f'--data_dir={root / "data"}', '--max_iters=100000']
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = out / 'shakespeare_add-s1337' / 'log.jsonl'
+    deadline = time.time() + 60
+    while not (log.exists() and log.read_text().count('"loss"') >= 2) and time.time() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    printed = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 1 and 'the same command resumes the unfinished runs' in printed
+    assert 'stopped by SIGTERM' in (out / 'shakespeare_add-s1337' / 'stdout.log').read_text()
+    assert (out / 'shakespeare_add-s1337' / 'ckpt.pt').exists()
 
 
 def test_config_errors_stop_before_any_run(tmp_path):
