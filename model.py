@@ -16,6 +16,7 @@ The papers are in ../shared/papers/ (see DESIGN.md):
 """
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
@@ -240,8 +241,11 @@ class OrthogonalQKV(nn.Module):
         if kind not in ('cayley', 'exp'):
             raise ValueError(f"unknown orthogonal map {kind!r}; use 'cayley' or 'exp'")
         self.kind = kind
+        self.held = None  # the map's value for a whole optimizer step (maps_once_per_step)
 
     def forward(self, w):  # w: (3d, d)
+        if self.held is not None:
+            return self.held
         d = w.shape[1]
         with torch.autocast(w.device.type, enabled=False):
             a = w.float().view(-1, d, d)
@@ -255,6 +259,45 @@ class OrthogonalQKV(nn.Module):
 
     def extra_repr(self):
         return self.kind
+
+
+class _AddGrad(torch.autograd.Function):
+    """Identity whose backward adds `extra`: the gradient earlier micro-steps left on a held map."""
+
+    @staticmethod
+    def forward(ctx, x, extra):
+        ctx.extra = extra
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad + ctx.extra, None
+
+
+@contextmanager
+def maps_once_per_step(model, micro_steps):
+    """Gradient accumulation with orthogonal Q/K/V: the raw weights do not change between the
+    micro-steps of one optimizer step, so each map is computed once per step rather than once
+    per micro-step. Yields before(micro_step), to call ahead of each micro-step's forward.
+    Until the last micro-step, backward stops at the held map value, a leaf where the gradients
+    sum; the last backward runs through the map once with their sum added, so the raw weights
+    (and DDP's all-reduce hooks on them) get the whole step's gradient from one backward, as
+    without the reuse."""
+    maps = [(m.parametrizations.weight[0], m) for m in model.modules()
+            if parametrize.is_parametrized(m, 'weight') and isinstance(m.parametrizations.weight[0], OrthogonalQKV)]
+    held = [(p, linear.weight) for p, linear in maps] if micro_steps > 1 else []  # each with the map's graph
+
+    def before(micro_step):
+        for p, w in held:
+            if micro_step == 0:
+                p.held = w.detach().requires_grad_()
+            elif micro_step == micro_steps - 1:
+                p.held = w if p.held.grad is None else _AddGrad.apply(w, p.held.grad)
+    try:
+        yield before
+    finally:
+        for p, _ in held:
+            p.held = None
 
 
 def raw_weight(linear):

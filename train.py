@@ -33,6 +33,7 @@ import checkpoint
 import configure
 import diagnostics
 from guards import Interrupt, NonFinite, StepScaler, rng_state, seed_all, set_rng_state
+from model import maps_once_per_step
 from tasks import DataError, make_task
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -116,11 +117,13 @@ def train_step(model, optimizer, scaler, next_batch, micro_steps, grad_clip, aut
     over micro-batches (and, through DDP, over processes, synchronised on the last micro-step
     only). A step with an inf/nan gradient is skipped by the scaler. Returns the last
     micro-batch's loss and each parameter's gradient norm, as device tensors: nothing syncs."""
-    for micro_step in range(micro_steps):
-        x, y = next_batch()
-        with model.no_sync() if ddp and micro_step < micro_steps - 1 else nullcontext(), autocast:
-            _, loss = model(x, y)
-        scaler.scale(loss / micro_steps).backward()
+    with maps_once_per_step(model, micro_steps) as before:
+        for micro_step in range(micro_steps):
+            x, y = next_batch()
+            before(micro_step)
+            with model.no_sync() if ddp and micro_step < micro_steps - 1 else nullcontext(), autocast:
+                _, loss = model(x, y)
+            scaler.scale(loss / micro_steps).backward()
     scaler.unscale_(optimizer)
     grads = [p.grad for group in optimizer.param_groups for p in group['params']]
     norms = torch._foreach_norm(grads)  # what clip_grad_norm_ computes, kept per parameter

@@ -173,23 +173,32 @@ def test_lr_schedule():
     assert train.get_lr(7, configure.load(['--decay_lr=False', '--learning_rate=0.3'])) == 0.3
 
 
-def test_gradient_accumulation_equals_one_big_batch():
+@pytest.mark.parametrize('qkv', ['dense', 'cayley', 'exp'])
+def test_gradient_accumulation_equals_one_big_batch(qkv, monkeypatch):
+    """Also with orthogonal Q/K/V, whose maps run once per optimizer step, not per micro-step."""
     from contextlib import nullcontext
 
     from guards import StepScaler
     from model import GPT
+    maps = []
+    for name in ('inv_ex', 'matrix_exp'):
+        f = getattr(torch.linalg, name)
+        monkeypatch.setattr(torch.linalg, name, lambda *a, f=f, **k: maps.append(1) or f(*a, **k))
     cfg = configure.load(['--n_layer=2', '--n_head=2', '--n_embd=16', '--block_size=8', '--vocab_size=11',
-                          '--weight_decay=0.1', '--learning_rate=1e-2'])
+                          '--weight_decay=0.1', '--learning_rate=1e-2', f'--qkv={qkv}'])
     x, y = torch.randint(11, (8, 8)), torch.randint(11, (8, 8))
     models = []
     for micro_steps in (1, 2, 4):
         torch.manual_seed(0)
-        m = GPT(configure.model_config(cfg))
+        m = GPT(configure.model_config(cfg)).double()
         opt = train.make_optimizer(m, cfg, 'cpu')
         parts = iter(zip(x.chunk(micro_steps), y.chunk(micro_steps)))
+        maps.clear()
         train.train_step(m, opt, StepScaler('cpu', 'float32'), lambda: next(parts), micro_steps, 1.0, nullcontext())
+        assert len(maps) == (0 if qkv == 'dense' else cfg.n_layer)
         models.append(torch.cat([p.detach().flatten() for p in m.parameters()]))
-    assert torch.allclose(models[0], models[1], atol=1e-6) and torch.allclose(models[0], models[2], atol=1e-6)
+    assert torch.allclose(models[0], models[1], atol=1e-12) and torch.allclose(models[0], models[2], atol=1e-12)
+    assert all(p.held is None for p in m.modules() if hasattr(p, 'held'))
 
 
 def test_raw_orthogonal_weights_are_not_decayed():
