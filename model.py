@@ -224,9 +224,10 @@ class OrthogonalQKV(nn.Module):
               and its backward is two matrix products where a solve's would be another solve
               (on CPU at d=128 this cuts the map's forward + backward from 2.6 to 2.0 ms);
       exp:    exp(A), the matrix exponential ([OViT] Sec. 3.2, the Exp-ViT comparison).
-    The three maps run as one batched float32 call per forward (autocast off; train.py leaves
-    TF32 off unless the whole run is float32 on CUDA, where the exp map's products then carry
-    TF32 rounding). On CPU the exp map's backward is costly (about 8x Cayley's at d=128).
+    The three maps run as one batched float32 call per forward (per optimizer step under gradient
+    accumulation: maps_once_per_step), autocast off; train.py leaves TF32 off unless the whole
+    run is float32 on CUDA, where the exp map's products then carry TF32 rounding. On CPU the
+    exp map's backward is costly (about 8x Cayley's at d=128).
 
     Registered with torch.nn.utils.parametrize, so `c_attn.weight` is the orthogonal stack, the
     optimizer sees the raw W (O-ViT Sec. 3.3: plain Adam on Euclidean W). We do not use
