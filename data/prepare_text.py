@@ -170,7 +170,9 @@ def main(argv=None):
     texts = (row[args.text_column] for row in rows)
     writer = Writer(out_dir, args.shard_size, args.val_tokens, state)
     skip, start, done_tokens = state['skip'], time.perf_counter(), 0
-    with mp.Pool(args.num_proc) as pool:
+    # spawn, not fork: forking this process, whose torch / Arrow / tokenizer threads may hold a
+    # lock at that moment, can leave a worker waiting on it forever
+    with mp.get_context('spawn').Pool(args.num_proc) as pool:
         for i, tokens in enumerate(pool.imap(encode, texts, chunksize=16)):
             if i == 0 and skip:  # the document that straddled the last finished shard
                 tokens = tokens[skip:]
