@@ -284,9 +284,9 @@ def maps_once_per_step(model, micro_steps):
     sum; the last backward runs through the map once with their sum added, so the raw weights
     (and DDP's all-reduce hooks on them) get the whole step's gradient from one backward, as
     without the reuse."""
-    maps = [(m.parametrizations.weight[0], m) for m in model.modules()
-            if parametrize.is_parametrized(m, 'weight') and isinstance(m.parametrizations.weight[0], OrthogonalQKV)]
-    held = [(p, linear.weight) for p, linear in maps] if micro_steps > 1 else []  # each with the map's graph
+    held = [] if micro_steps == 1 else [  # (map, its value with the map's graph)
+        (m.parametrizations.weight[0], m.weight) for m in model.modules()
+        if parametrize.is_parametrized(m, 'weight') and isinstance(m.parametrizations.weight[0], OrthogonalQKV)]
 
     def before(micro_step):
         for p, w in held:
