@@ -26,8 +26,9 @@ Writes OUT/results.md: a row per config x setting (x switch value), mean +- samp
 finished seeds of the best and the final validation loss (and the final top-1 / top-5 for
 images), the median tokens/s or images/s of the training log lines, and the mean wall time of
 the runs (the invocation that finished each, plus its first phase). A run that failed or did
-not finish is named under the table with its exit status and the last lines it printed. OUT/curves.png: validation loss (and top-1
-for images) against iteration, mean over seeds, a line per row.
+not finish is named under the table with its exit status and the last lines it printed.
+OUT/curves.png: validation loss (and top-1 for images) against iteration, mean over seeds, a
+line per row (a dashed line at --switch_at).
 """
 
 import argparse
