@@ -15,11 +15,13 @@ drifts biases none of them; each cell is the median over rounds, with the min-ma
 --sample times GPT.generate instead: --sample_tokens new tokens after a one-token prompt, batch
 1, top_k 200, with the DecodeCache and without (the same context window, so the same tokens).
 --rules times forward + backward of each piece a variant adds, alone, at the config's shape: the
-update rule on (batch_size, block_size, n_embd) tensors, and the orthogonal Q/K/V map of one layer.
+update rule on (batch_size, block_size, n_embd) tensors, the orthogonal Q/K/V map of one layer, and
+every layer's maps in one batched call (as training computes them).
 """
 
 import argparse
 import contextlib
+import os
 import resource
 import time
 from dataclasses import replace
@@ -166,10 +168,12 @@ def main(argv=None):
         for v, r in runners.items():
             times[v].append(r.time(args.steps))
     if args.profile:
+        os.makedirs(args.profile, exist_ok=True)
         for v, r in runners.items():
             with torch.profiler.profile() as prof:
                 r.time(3)
-            prof.export_chrome_trace(f"{args.profile.rstrip('/')}-{v}.json")
+            prof.export_chrome_trace(os.path.join(args.profile, f'{v}.json'))
+            print(f"wrote {os.path.join(args.profile, f'{v}.json')}: open it in chrome://tracing or ui.perfetto.dev")
 
     peak = peak_flops(device, args.peak_tflops)
     first = next(iter(runners))
@@ -230,8 +234,11 @@ def bench_rules(cfg, device, args):
     shape, d = (cfg.batch_size, cfg.block_size, cfg.n_embd), cfg.n_embd
     x, u, g = (torch.randn(shape, device=device, requires_grad=i < 2) for i in range(3))
     w = torch.randn(3 * d, d, device=device).mul_(0.02).requires_grad_()
+    ws = torch.randn(cfg.n_layer, 3 * d, d, device=device).mul_(0.02).requires_grad_()  # as batched_maps stacks them
     pieces = {f'{name} update': (lambda r=rule(): r(x, u).backward(g)) for name, rule in RESIDUALS.items()}
-    pieces.update({f'{kind} Q/K/V map': (lambda m=OrthogonalQKV(kind): m(w).sum().backward()) for kind in ('cayley', 'exp')})
+    for kind in ('cayley', 'exp'):
+        pieces[f'{kind} Q/K/V map, one layer'] = lambda m=OrthogonalQKV(kind): m(w).sum().backward()
+        pieces[f'{kind} Q/K/V maps, {cfg.n_layer} layers batched'] = lambda m=OrthogonalQKV(kind): m(ws).sum().backward()
     sync = torch.cuda.synchronize if device.startswith('cuda') else (lambda: None)
     times = {k: [] for k in pieces}
     for _ in range(args.repeats):

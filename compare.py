@@ -113,9 +113,11 @@ def plan(args, extra):
     return runs
 
 
-def read_log(out_dir):
+def read_log(out_dir_or_log):
+    """The records of a run's log.jsonl (given its out_dir or the file); [] if unreadable."""
+    path = out_dir_or_log if out_dir_or_log.endswith('.jsonl') else os.path.join(out_dir_or_log, 'log.jsonl')
     try:
-        with open(os.path.join(out_dir, 'log.jsonl')) as f:
+        with open(path) as f:
             return [json.loads(line) for line in f]
     except (OSError, json.JSONDecodeError):
         return []

@@ -16,6 +16,7 @@ The papers are in ../shared/papers/ (see DESIGN.md):
 """
 
 import math
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
@@ -224,10 +225,11 @@ class OrthogonalQKV(nn.Module):
               and its backward is two matrix products where a solve's would be another solve
               (on CPU at d=128 this cuts the map's forward + backward from 2.6 to 2.0 ms);
       exp:    exp(A), the matrix exponential ([OViT] Sec. 3.2, the Exp-ViT comparison).
-    The three maps run as one batched float32 call per forward (per optimizer step under gradient
-    accumulation: maps_once_per_step), autocast off; train.py leaves TF32 off unless the whole
-    run is float32 on CUDA, where the exp map's products then carry TF32 rounding. On CPU the
-    exp map's backward is costly (about 8x Cayley's at d=128).
+    The three maps run as one batched float32 call per forward, autocast off (training,
+    evaluation and generation batch every layer's maps in one call: maps_once_per_step,
+    maps_held); train.py leaves TF32 off unless the whole run is float32 on CUDA, where the exp
+    map's products then carry TF32 rounding. On CPU the exp map's backward is costly (about 8x
+    Cayley's at d=128).
 
     Registered with torch.nn.utils.parametrize, so `c_attn.weight` is the orthogonal stack, the
     optimizer sees the raw W (O-ViT Sec. 3.3: plain Adam on Euclidean W). We do not use
@@ -242,21 +244,21 @@ class OrthogonalQKV(nn.Module):
         if kind not in ('cayley', 'exp'):
             raise ValueError(f"unknown orthogonal map {kind!r}; use 'cayley' or 'exp'")
         self.kind = kind
-        self.held = None  # the map's value for a whole optimizer step (maps_once_per_step)
+        self.held = None  # the value to return, set for a whole step (maps_once_per_step, maps_held)
 
-    def forward(self, w):  # w: (3d, d)
+    def forward(self, w):  # w: (3d, d), or a stack of them (..., 3d, d)
         if self.held is not None:
             return self.held
-        d = w.shape[1]
+        d = w.shape[-1]
         with torch.autocast(w.device.type, enabled=False):
             a = w.float().view(-1, d, d)
-            a = a - a.mT  # (3, d, d)
+            a = a - a.mT  # (3 x layers, d, d)
             if self.kind == 'cayley':
                 eye = torch.eye(d, device=w.device)
                 q = 2 * torch.linalg.inv_ex(eye + a)[0] - eye
             else:
                 q = torch.linalg.matrix_exp(a)
-        return q.reshape(-1, d).to(w.dtype)
+        return q.reshape(w.shape).to(w.dtype)
 
     def extra_repr(self):
         return self.kind
@@ -275,30 +277,69 @@ class _AddGrad(torch.autograd.Function):
         return grad + ctx.extra, None
 
 
+_MAPS = weakref.WeakKeyDictionary()  # model -> its orthogonal_maps: a module walk costs 0.2 ms a step on CPU
+
+
+def orthogonal_maps(model):
+    """(map, raw weight) of every orthogonal Q/K/V parametrization in model (set at construction)."""
+    if model not in _MAPS:
+        _MAPS[model] = [(m.parametrizations.weight[0], m.parametrizations.weight.original) for m in model.modules()
+                        if parametrize.is_parametrized(m, 'weight')
+                        and isinstance(m.parametrizations.weight[0], OrthogonalQKV)]
+    return _MAPS[model]
+
+
+def batched_maps(maps):
+    """The value of each (map, raw weight) in maps, from one batched call per kind and shape:
+    a d x d solve is mostly latency on a GPU, so 12 layers' maps cost about a sixth of 12 calls
+    (H100, d=768: 18 ms against 111 ms forward + backward, README "Performance")."""
+    groups = {}
+    for p, w in maps:
+        groups.setdefault((p.kind, w.shape, w.dtype, w.device), []).append((p, w))
+    values = {}
+    for group in groups.values():
+        for (p, _), q in zip(group, group[0][0](torch.stack([w for _, w in group])).unbind(0)):
+            values[p] = q
+    return values
+
+
 @contextmanager
 def maps_once_per_step(model, micro_steps):
-    """Gradient accumulation with orthogonal Q/K/V: the raw weights do not change between the
-    micro-steps of one optimizer step, so each map is computed once per step rather than once
-    per micro-step. Yields before(micro_step), to call ahead of each micro-step's forward.
-    Until the last micro-step, backward stops at the held map value, a leaf where the gradients
-    sum; the last backward runs through the map once with their sum added, so the raw weights
-    (and DDP's all-reduce hooks on them) get the whole step's gradient from one backward, as
-    without the reuse."""
-    held = [] if micro_steps == 1 else [  # (map, its value with the map's graph)
-        (m.parametrizations.weight[0], m.weight) for m in model.modules()
-        if parametrize.is_parametrized(m, 'weight') and isinstance(m.parametrizations.weight[0], OrthogonalQKV)]
+    """Orthogonal Q/K/V in training: every layer's map computed in one batched call (batched_maps),
+    once per optimizer step, as the raw weights do not change between the micro-steps of one step.
+    Yields before(micro_step), to call ahead of each micro-step's forward. With one micro-step
+    the layers use the batched values directly. With more, until the last micro-step backward
+    stops at a held copy of each value, a leaf where the gradients sum; the last backward runs
+    through the batched maps once with their sum added, so the raw weights (and DDP's all-reduce
+    hooks on them) get the whole step's gradient from one backward, as without the reuse."""
+    maps = orthogonal_maps(model)
+    values = {}
 
     def before(micro_step):
-        for p, w in held:
-            if micro_step == 0:
-                p.held = w.detach().requires_grad_()
+        if micro_step == 0:
+            values.update(batched_maps(maps))
+        for p, _ in maps:
+            if micro_steps == 1:
+                p.held = values[p]
+            elif micro_step == 0:
+                p.held = values[p].detach().requires_grad_()
             elif micro_step == micro_steps - 1:
-                p.held = w if p.held.grad is None else _AddGrad.apply(w, p.held.grad)
+                p.held = values[p] if p.held.grad is None else _AddGrad.apply(values[p], p.held.grad)
     try:
         yield before
     finally:
-        for p, _ in held:
+        for p, _ in maps:
             p.held = None
+
+
+@contextmanager
+def maps_held(model):
+    """Inference (evaluation, generation): every orthogonal Q/K/V map computed once, in one
+    batched call, and reused by every forward until exit. The weights must not change inside."""
+    with maps_once_per_step(model, 1) as before:
+        with torch.no_grad():
+            before(0)
+        yield
 
 
 def raw_weight(linear):
@@ -515,7 +556,7 @@ class GPT(Trunk, nn.Module):
         """
         block, shift = self.config.block_size, self.window_shift(shift)
         start, cache = 0, None
-        with parametrize.cached():  # orthogonal Q/K/V maps computed once, not once per token
+        with maps_held(self):  # orthogonal Q/K/V maps computed once, not once per token
             for _ in range(max_new_tokens):
                 if idx.shape[1] - start > block:  # the window moves: read it again from its new start
                     start, cache = idx.shape[1] - (block - shift + 1), None

@@ -33,7 +33,7 @@ import checkpoint
 import configure
 import diagnostics
 from guards import Interrupt, NonFinite, StepScaler, rng_state, seed_all, set_rng_state
-from model import maps_once_per_step
+from model import maps_held, maps_once_per_step
 from tasks import DataError, make_task
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -358,10 +358,14 @@ def main(argv=None):
         if ddp:
             dist.destroy_process_group()
 
+    def evaluate():
+        with maps_held(model):
+            return task.evaluate(model, autocast, ddp, cfg.eval_iters)
+
     interrupt = Interrupt()
     try:
         if cfg.eval_only:
-            metrics = task.evaluate(model, autocast, ddp, cfg.eval_iters)
+            metrics = evaluate()
             if master:
                 print(f"iter {iter_num}: " + describe(metrics))
             return
@@ -369,7 +373,7 @@ def main(argv=None):
         dts, t_last, iters_since = [], time.perf_counter(), 0
         while True:
             if (iter_num % cfg.eval_interval == 0 or iter_num == cfg.max_iters) and not (iter_num == start_iter > 0):
-                metrics = task.evaluate(model, autocast, ddp, cfg.eval_iters)
+                metrics = evaluate()
                 best = metrics['val_loss'] < best_val_loss
                 best_val_loss = min(best_val_loss, metrics['val_loss'])
                 record = {'iter': iter_num, **metrics}

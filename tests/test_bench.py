@@ -18,7 +18,8 @@ def rows(text):
 @pytest.mark.parametrize('mode,expect', [
     ([], ['additive', 'orthogonal', 'rotation', 'cayley']),
     (['--sample', '--sample_tokens=20'], ['additive', 'orthogonal', 'rotation', 'cayley']),
-    (['--rules'], ['additive update', 'orthogonal update', 'rotation update', 'cayley Q/K/V map', 'exp Q/K/V map'])])
+    (['--rules'], ['additive update', 'orthogonal update', 'rotation update', 'cayley Q/K/V map, one layer',
+                   'exp Q/K/V map, one layer', 'cayley Q/K/V maps, 1 layers batched', 'exp Q/K/V maps, 1 layers batched'])])
 def test_bench_tables(mode, expect, char_data, capsys):
     bench.main([os.path.join(ROOT, 'config', 'shakespeare_add.py'), *TINY, f'--data_dir={char_data}', *mode])
     table = rows(capsys.readouterr().out)
@@ -30,3 +31,11 @@ def test_bench_tables(mode, expect, char_data, capsys):
 def test_bench_rejects_unknown_variants(char_data):
     with pytest.raises(SystemExit, match='unknown variant'):
         bench.main([os.path.join(ROOT, 'config', 'shakespeare_add.py'), *TINY, '--variants=additive,rotaton'])
+
+
+def test_bench_profile_writes_a_trace_per_variant_into_the_folder(char_data, tmp_path):
+    folder = tmp_path / 'traces'
+    bench.main([os.path.join(ROOT, 'config', 'shakespeare_add.py'), *TINY, f'--data_dir={char_data}',
+                '--variants=additive,cayley', f'--profile={folder}'])
+    assert sorted(os.listdir(folder)) == ['additive.json', 'cayley.json']
+    assert '"traceEvents"' in (folder / 'cayley.json').read_text()

@@ -177,3 +177,17 @@ def test_switch_errors_stop_before_any_run(tmp_path):
     with pytest.raises(SystemExit, match='go together'):
         compare.main([CONFIGS[0], f'--out={tmp_path}', '--switch=residual=orthogonal'])
     assert not os.listdir(tmp_path)
+
+
+def test_plot_curves_reads_out_dirs_and_log_copies(tmp_path, capsys):
+    import plot_curves
+    records = [{'iter': i, 'val_loss': 4.0 - i / 10} for i in (0, 10, 20)]
+    (tmp_path / 'run-a').mkdir()
+    (tmp_path / 'run-a' / 'log.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in records))
+    (tmp_path / 'b.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in records[:2]))
+    (tmp_path / 'died.jsonl').write_text(json.dumps({'iter': 5, 'loss': 9.0}) + '\n')
+    out = tmp_path / 'curves.png'
+    plot_curves.main([str(tmp_path / 'run-a'), str(tmp_path / 'b.jsonl'), str(tmp_path / 'died.jsonl'), f'--out={out}'])
+    printed = capsys.readouterr().out
+    assert 'died.jsonl: no evaluation logged, skipped' in printed and f'wrote {out}' in printed
+    assert out.stat().st_size > 0

@@ -53,7 +53,7 @@ def test_shakespeare_variants_differ_only_in_their_rule():
     assert diff(o) == {'out_dir', 'residual'}
     assert diff(r) == {'out_dir', 'residual'}
     assert diff(c) == {'out_dir', 'qkv'}
-    assert (a['n_layer'], a['n_embd'], a['n_head'], a['learning_rate'], a['beta2']) == (16, 256, 4, 4e-3, 0.99)
+    assert (a['n_layer'], a['n_embd'], a['n_head'], a['learning_rate'], a['beta2']) == (16, 256, 4, 1e-3, 0.99)
 
 
 @pytest.mark.parametrize('arg,expected', [

@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from model import GPT, AdditiveUpdate, DecodeCache, GPTConfig, OrthogonalQKV, OrthogonalUpdate, RotationUpdate
+from model import (GPT, AdditiveUpdate, DecodeCache, GPTConfig, OrthogonalQKV, OrthogonalUpdate, RotationUpdate,
+                   maps_held, maps_once_per_step)
 
 
 def tiny(**kw):
@@ -115,6 +116,38 @@ def test_orthogonal_maps_match_the_paper(kind):
     assert (out.double() - ref.reshape(24, 8)).abs().max() < 1e-5
 
 
+@pytest.mark.parametrize('kind', ['cayley', 'exp'])
+def test_batched_maps_give_the_per_layer_loss_and_gradients(kind, monkeypatch):
+    """All layers' maps in one batched call (training and inference) compute what each layer's
+    own map computes, to float64 rounding, and the layers compute their maps again afterwards."""
+    torch.manual_seed(0)
+    model = train_steps(GPT(tiny(n_layer=3, qkv=kind)), steps=3, lr=3e-2).double()  # A away from 0
+    idx = torch.randint(11, (2, 16))
+
+    def loss_and_grads():
+        model.zero_grad()
+        logits, loss = model(idx, torch.roll(idx, -1, 1))
+        loss.backward()
+        return logits.detach(), [p.grad.clone() for p in model.parameters()]
+
+    ref_logits, ref_grads = loss_and_grads()
+    calls = []
+    for name in ('inv_ex', 'matrix_exp'):
+        f = getattr(torch.linalg, name)
+        monkeypatch.setattr(torch.linalg, name, lambda *a, f=f, **k: calls.append(a[0].shape) or f(*a, **k))
+    with maps_once_per_step(model, 1) as before:
+        before(0)
+        logits, grads = loss_and_grads()
+    assert calls == [(9, 16, 16)]  # 3 layers x Q, K, V
+    assert torch.allclose(logits, ref_logits, atol=1e-12)
+    assert all(torch.allclose(g, r, atol=1e-12) for g, r in zip(grads, ref_grads))
+    with maps_held(model), torch.no_grad():
+        assert torch.allclose(model(idx)[0][:, -1], ref_logits[:, -1], atol=1e-12)
+    assert len(calls) == 2
+    model(idx)
+    assert len(calls) == 5, "outside the context each layer computes its own map again"
+
+
 def test_orthogonal_qkv_trains_the_raw_weight():
     model = GPT(tiny(qkv='cayley'))
     names = [n for n, _ in model.named_parameters() if 'c_attn' in n]
@@ -215,10 +248,10 @@ def test_cached_generation_draws_the_same_tokens(variant, shift):
     assert torch.equal(runs[0], runs[1])
 
 
-def test_generation_maps_orthogonal_weights_once():
+def test_generation_maps_orthogonal_weights_once(monkeypatch):
     model = GPT(tiny(qkv='cayley')).eval()
     calls = []
-    for block in model.blocks:
-        block.attn.c_attn.parametrizations.weight[0].register_forward_hook(lambda *a: calls.append(1))
+    inv_ex = torch.linalg.inv_ex
+    monkeypatch.setattr(torch.linalg, 'inv_ex', lambda *a, **k: calls.append(a[0].shape) or inv_ex(*a, **k))
     model.generate(torch.zeros(1, 2, dtype=torch.long), 30)
-    assert len(calls) == model.config.n_layer
+    assert calls == [(3 * model.config.n_layer, 16, 16)]  # every layer's maps in one batched call, before the first token

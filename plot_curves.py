@@ -1,0 +1,34 @@
+"""Validation curves of runs, from their log.jsonl, in one figure (drawn as compare.py draws them).
+
+    python plot_curves.py out-shakespeare-add out-shakespeare-rot --out curves.png
+    python plot_curves.py docs/h100_shakespeare/*.jsonl --out docs/h100_shakespeare.png
+
+Each argument is a run's out_dir or a copy of its log.jsonl; the legend names it by its folder
+or file name. A run with no evaluation logged is skipped with a message.
+"""
+
+import argparse
+import os
+
+from compare import plot, read_log
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('runs', nargs='+', help="out_dir of each run, or its log.jsonl")
+    p.add_argument('--out', default='curves.png', help='the PNG to write')
+    args = p.parse_args(argv)
+    groups = {}
+    for run in args.runs:
+        evals = [x for x in read_log(run) if 'val_loss' in x]
+        if not evals:
+            print(f"{run}: no evaluation logged, skipped")
+            continue
+        name = os.path.basename(os.path.normpath(run)).removesuffix('.jsonl')
+        groups[name] = {'ok': [dict(top1=evals[-1].get('top1'),
+                                    curve=[(x['iter'], x['val_loss'], x.get('top1')) for x in evals])]}
+    plot(groups, args.out)
+
+
+if __name__ == '__main__':
+    main()
