@@ -123,6 +123,11 @@ def read_log(out_dir_or_log):
         return []
 
 
+def curve(evals):
+    """(iteration, val loss, top-1 or None) of each evaluation record: a line of plot()."""
+    return [(x['iter'], x['val_loss'], x.get('top1')) for x in evals]
+
+
 def finished(run):
     return any(r['iter'] == run['cfg'].max_iters and 'val_loss' in r for r in read_log(run['out_dir']))
 
@@ -254,7 +259,7 @@ def summarise(runs):
             seed=r['seed'], best=min(x['val_loss'] for x in evals), final=evals[-1]['val_loss'],
             top1=evals[-1].get('top1'), top5=evals[-1].get('top5'),
             rate=rates[len(rates) // 2] if rates else None, wall=wall,
-            curve=[(x['iter'], x['val_loss'], x.get('top1')) for x in evals]))
+            curve=curve(evals)))
     return groups
 
 

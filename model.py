@@ -298,8 +298,8 @@ def batched_maps(maps):
         groups.setdefault((p.kind, w.shape, w.dtype, w.device), []).append((p, w))
     values = {}
     for group in groups.values():
-        for (p, _), q in zip(group, group[0][0](torch.stack([w for _, w in group])).unbind(0)):
-            values[p] = q
+        stacked = group[0][0](torch.stack([w for _, w in group]))  # (layers, 3d, d), one call
+        values.update((p, q) for (p, _), q in zip(group, stacked.unbind(0)))
     return values
 
 

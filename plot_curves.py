@@ -10,7 +10,7 @@ or file name. A run with no evaluation logged is skipped with a message.
 import argparse
 import os
 
-from compare import plot, read_log
+from compare import curve, plot, read_log
 
 
 def main(argv=None):
@@ -25,8 +25,7 @@ def main(argv=None):
             print(f"{run}: no evaluation logged, skipped")
             continue
         name = os.path.basename(os.path.normpath(run)).removesuffix('.jsonl')
-        groups[name] = {'ok': [dict(top1=evals[-1].get('top1'),
-                                    curve=[(x['iter'], x['val_loss'], x.get('top1')) for x in evals])]}
+        groups[name] = {'ok': [dict(top1=evals[-1].get('top1'), curve=curve(evals))]}
     plot(groups, args.out)
 
 
