@@ -178,14 +178,18 @@ def start(r):
 
 
 def launch(todo, running, nproc, env, gpus):
-    """Keeps nproc runs going until every run in todo has ended; a second phase waits for its
-    first and is dropped (reported as not run) when that one fails."""
+    """Keeps nproc runs going until every run in todo has ended; a second phase waits until its
+    first has exited and is dropped (reported as not run) when that one did not finish."""
     slot = 0
+
+    def waits(r):  # its first phase has not exited: it logs its last evaluation before its checkpoint
+        return r.get('after') is not None and any(r['after'] is q for q in todo + running)
+
     while todo or running:
-        for r in [r for r in todo if r.get('after') and r['after'] not in todo + running and not finished(r['after'])]:
+        for r in [r for r in todo if r.get('after') and not waits(r) and not finished(r['after'])]:
             todo.remove(r)
             print(f"{r['name']}: not run, its first phase {r['after']['name']} did not finish")
-        ready = [r for r in todo if not r.get('after') or finished(r['after'])]
+        ready = [r for r in todo if not waits(r)]
         while ready and len(running) < nproc:
             r = ready.pop(0)
             todo.remove(r)

@@ -191,3 +191,36 @@ def test_plot_curves_reads_out_dirs_and_log_copies(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert 'died.jsonl: no evaluation logged, skipped' in printed and f'wrote {out}' in printed
     assert out.stat().st_size > 0
+
+
+def test_a_second_phase_waits_until_its_first_phase_has_exited(tmp_path, monkeypatch):
+    """A first phase logs its last evaluation before it writes its checkpoint: its second phase
+    starts only after its process has exited (here: two polls later), from that checkpoint."""
+    cfg = compare.load(['--max_iters=10'], 'first')
+    first = dict(name='first', out_dir=str(tmp_path / 'first'), cfg=cfg, argv=[])
+    second = dict(name='second', out_dir=str(tmp_path / 'second'), cfg=cfg, argv=[], after=first, reset=False)
+    os.makedirs(first['out_dir'])
+    (tmp_path / 'first' / 'log.jsonl').write_text(json.dumps({'iter': 10, 'val_loss': 1.0}) + '\n')
+
+    class Saving:  # the first phase's process, still writing its checkpoint
+        polls, returncode = 0, 0
+
+        def poll(self):
+            self.polls += 1
+            if self.polls < 3:
+                return None
+            (tmp_path / 'first' / 'ckpt.pt').write_bytes(b'final checkpoint')
+            return 0
+
+    class Exited:
+        returncode = 0
+
+        def poll(self):
+            return 0
+
+    first.update(proc=Saving(), stdout=open(os.devnull, 'w'), t0=time.time())
+    started = []
+    monkeypatch.setattr(compare.subprocess, 'Popen', lambda argv, **kw: started.append(argv) or Exited())
+    compare.launch([second], [first], 2, {}, 1)
+    assert (tmp_path / 'second' / 'ckpt.pt').read_bytes() == b'final checkpoint'
+    assert len(started) == 1 and '--init_from=resume' in started[0]
