@@ -208,6 +208,7 @@ def test_generate_crops_context():
     model = GPT(tiny(residual='rotation')).eval()
     out = model.generate(torch.zeros(2, 3, dtype=torch.long), 30, top_k=5)
     assert out.shape == (2, 33) and out.max() < 11
+    assert not out.is_inference()  # generated in inference mode, returned fit for training on
     with pytest.raises(ValueError, match='shift=17'):
         model.generate(torch.zeros(1, 3, dtype=torch.long), 1, shift=17)
 
@@ -255,3 +256,26 @@ def test_generation_maps_orthogonal_weights_once(monkeypatch):
     monkeypatch.setattr(torch.linalg, 'inv_ex', lambda *a, **k: calls.append(a[0].shape) or inv_ex(*a, **k))
     model.generate(torch.zeros(1, 2, dtype=torch.long), 30)
     assert calls == [(3 * model.config.n_layer, 16, 16)]  # every layer's maps in one batched call, before the first token
+
+
+@pytest.mark.parametrize('variant,qkv', [(v, 'dense') for v in VARIANTS] + [(VARIANTS[0], 'cayley'), (VARIANTS[1], 'exp')],
+                         ids=lambda v: '-'.join(map(str, v.values())) if isinstance(v, dict) else v)
+def test_compiles_in_one_graph(variant, qkv):
+    """torch.compile traces the forward and the backward (the update rules' written-out gradients,
+    the Q/K/V maps) without a graph break, and computes what eager mode does."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = GPT(tiny(qkv=qkv, **variant)).train()
+    compiled = torch.compile(model, backend='aot_eager', fullgraph=True)
+    idx = torch.randint(11, (2, 16))
+    losses, grads = [], []
+    for m in (model, compiled):
+        torch.manual_seed(1)  # the same draws of ortho_prob's connections
+        _, loss = m(idx, torch.roll(idx, -1, 1))
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append([p.grad.clone() for p in model.parameters()])
+        model.zero_grad()
+    assert torch.allclose(losses[0], losses[1], rtol=1e-5)
+    for a, b in zip(*grads):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
