@@ -11,7 +11,9 @@ of its dataset, reused (a step's speed does not depend on the data): forward, ba
 AdamW step per iteration, at the config's batch_size, block_size and gradient_accumulation_steps
 (tokens/s for a GPT, images/s for a ViT). The
 variants are timed in interleaved rounds (A B C A B C ...) so that a machine whose speed
-drifts biases none of them; each cell is the median over rounds, with the min-max spread.
+drifts biases none of them; each cell is the median over rounds, with the min-max spread, and
+the overhead against the first variant is the median of the per-round ratios (each variant
+against the first in the same round: paired, so drift between rounds cancels).
 --sample times GPT.generate instead: --sample_tokens new tokens after a one-token prompt, batch
 1, top_k 200, with the DecodeCache and without (the same context window, so the same tokens).
 --rules times forward + backward of each piece a variant adds, alone, at the config's shape: the
@@ -48,6 +50,11 @@ PEAK_TFLOPS = {'H100': 989.0, 'H200': 989.0, 'A100': 312.0, 'L4': 121.0, 'A10': 
 def median(xs):
     """The upper median: a value that was measured, never an average of two."""
     return sorted(xs)[len(xs) // 2]
+
+
+def paired_overhead(times, reference):
+    """Median over rounds of times[r] / reference[r] - 1: each round compared with the same round."""
+    return median([t / r for t, r in zip(times, reference)]) - 1
 
 
 def peak_flops(device, override):
@@ -177,7 +184,6 @@ def main(argv=None):
 
     peak = peak_flops(device, args.peak_tflops)
     first = next(iter(runners))
-    ref = median(times[first])
     c = runners[first].task.cfg
     shape = (f"block {c.block_size}" if runners[first].task.unit == 'tok' else
              f"{c.image_size}px images in {c.patch_size}px patches")
@@ -197,7 +203,7 @@ def main(argv=None):
         else:
             mem = f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB (process)"
         print(f"| {v} | {med * 1e3:.1f} | {ts[0] * 1e3:.1f}-{ts[-1] * 1e3:.1f} | {items / med:,.0f} | "
-              f"{mfu} | {mem} | {(med / ref - 1) * 100:+.1f}% |")
+              f"{mfu} | {mem} | {paired_overhead(times[v], times[first]) * 100:+.1f}% |")
     if args.dynamics:
         print(f"\n| variant | one dynamics measurement, ms | overhead at dynamics_interval={base.dynamics_interval} |")
         print("|---|---|---|")

@@ -39,3 +39,10 @@ def test_bench_profile_writes_a_trace_per_variant_into_the_folder(char_data, tmp
                 '--variants=additive,cayley', f'--profile={folder}'])
     assert sorted(os.listdir(folder)) == ['additive.json', 'cayley.json']
     assert '"traceEvents"' in (folder / 'cayley.json').read_text()
+
+
+def test_overhead_compares_each_round_with_its_own_reference():
+    """A round where the machine slowed down for one variant only moves neither median."""
+    reference, times = [10.0, 20.0, 30.0], [30.0, 22.0, 33.0]  # ratios 3.0, 1.1, 1.1
+    assert bench.paired_overhead(times, reference) == pytest.approx(0.1)
+    assert bench.paired_overhead(reference, reference) == 0
