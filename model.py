@@ -24,6 +24,7 @@ from typing import Literal
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 from torch.nn.utils import parametrize
 
 
@@ -158,7 +159,7 @@ class OrthogonalUpdate(ResidualUpdate):
         if self.mode == 'global' and x.dim() != 3:
             raise ValueError(f"global orthogonal mode takes (B, T, d) tensors, got shape {tuple(x.shape)}")
         x, u = wide(x), wide(u)
-        xu, xx = dot(x, u), dot(x, x)  # (B, T, 1)
+        xu, xx = dot(x, u), sq(x)  # (B, T, 1)
         if self.mode == 'global':
             if self.causal:
                 T = xu.shape[-2]
@@ -215,6 +216,7 @@ class _OrthogonalFeature(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable  # the saved per-token terms are constants here: no second derivative
     def backward(ctx, g):
         x, u, n, q, s = ctx.saved_tensors
         xf, uf, g = wide(x), wide(u), wide(g)
@@ -282,6 +284,7 @@ class _Rotate(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable  # the saved per-token terms are constants here: no second derivative
     def backward(ctx, g):
         x, u, xx, a, t, c, sg, small = ctx.saved_tensors
         xf, uf, g = wide(x), wide(u), wide(g)
@@ -291,9 +294,9 @@ class _Rotate(torch.autograd.Function):
         dsg = torch.where(small, -1 / 6, (c - sg) / (2 * t))
         beta = 2 * (gx_dot * dc + gp_dot * dsg) / x.shape[-1]  # gp = sg g + beta p, p = u - a x
         k = sg * gx_dot / xx
-        grad_u = torch.addcmul(torch.addcmul(g * sg, uf, beta), xf, a * beta + k, value=-1)
-        grad_x = torch.addcmul(torch.addcmul(g * (c - a * sg), uf, a * beta + k, value=-1),
-                               xf, a * (a * beta + 2 * k))
+        ab_k = a * beta + k
+        grad_u = torch.addcmul(torch.addcmul(g * sg, uf, beta), xf, ab_k, value=-1)
+        grad_x = torch.addcmul(torch.addcmul(g * (c - a * sg), uf, ab_k, value=-1), xf, a * (ab_k + k))
         return grad_x.to(x.dtype), grad_u.to(u.dtype), None
 
 

@@ -258,8 +258,9 @@ def test_generation_maps_orthogonal_weights_once(monkeypatch):
     assert calls == [(3 * model.config.n_layer, 16, 16)]  # every layer's maps in one batched call, before the first token
 
 
-@pytest.mark.parametrize('variant,qkv', [(v, 'dense') for v in VARIANTS] + [(VARIANTS[0], 'cayley'), (VARIANTS[1], 'exp')],
-                         ids=lambda v: '-'.join(map(str, v.values())) if isinstance(v, dict) else v)
+@pytest.mark.parametrize('variant,qkv', [(v, 'dense') for v in VARIANTS] + [
+    (dict(residual='orthogonal', ortho_mode='feature', ortho_prob=0.5), 'dense'), (VARIANTS[0], 'cayley'),
+    (VARIANTS[1], 'exp')], ids=lambda v: '-'.join(map(str, v.values())) if isinstance(v, dict) else v)
 def test_compiles_in_one_graph(variant, qkv):
     """torch.compile traces the forward and the backward (the update rules' written-out gradients,
     the Q/K/V maps) without a graph break, and computes what eager mode does."""

@@ -193,3 +193,14 @@ def test_half_precision_gradients_keep_their_dtype(rule):
     xf, uf = x.detach().float().requires_grad_(), u.detach().float().requires_grad_()
     rule(xf, uf).square().sum().backward()
     assert rel_err(x.grad, xf.grad) < 2e-2 and rel_err(u.grad, uf.grad) < 2e-2
+
+
+@pytest.mark.parametrize('rule', [OrthogonalUpdate('feature'), RotationUpdate()], ids=['feature', 'rotation'])
+def test_written_out_gradients_refuse_second_derivatives(rule):
+    """Their backward treats the saved per-token terms as constants, so a second derivative
+    through it would be wrong: it raises instead."""
+    x = torch.randn(3, 8, dtype=torch.float64, requires_grad=True)
+    u = torch.randn(3, 8, dtype=torch.float64, requires_grad=True)
+    gx, = torch.autograd.grad(rule(x, u).square().sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError):
+        gx.sum().backward()
