@@ -176,9 +176,7 @@ class OrthogonalUpdate(ResidualUpdate):
             m = (torch.rand((x.shape[0],) + (1,) * (x.dim() - 1), device=x.device) < self.prob).float() \
                 if self.training else self.prob
         if self.mode == 'feature':
-            if needs_grad(x, u):
-                return _OrthogonalFeature.apply(x, u, self.eps, m)
-            return orthogonal_feature(x, u, self.eps, m)[0]
+            return written_out(_OrthogonalFeature, orthogonal_feature, x, u, self.eps, m)
         s = self.scale(x, u, cache) * m
         return torch.addcmul(wide(u), wide(x), 1 - s).to(x.dtype)  # x (1 - s) + u
 
@@ -186,10 +184,13 @@ class OrthogonalUpdate(ResidualUpdate):
         return f"mode={self.mode}, eps={self.eps}, prob={self.prob}, causal={self.causal}"
 
 
-def needs_grad(*tensors):
-    """Whether autograd will differentiate through these: else the update rules skip their
-    autograd.Function, whose call alone costs about 35 us (a third of a decoding step's rule)."""
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+def written_out(function, value, x, u, *args):
+    """An update rule with a written-out gradient: function.apply where autograd will
+    differentiate through it, else value's output alone (the autograd.Function's call costs
+    about 35 us, a third of a decoding step's rule)."""
+    if torch.is_grad_enabled() and (x.requires_grad or u.requires_grad):
+        return function.apply(x, u, *args)
+    return value(x, u, *args)[0]
 
 
 def orthogonal_feature(x, u, eps, m):
@@ -247,9 +248,7 @@ class RotationUpdate(ResidualUpdate):
     small_angle = 1e-2
 
     def forward(self, x, u, cache=None):
-        if needs_grad(x, u):
-            return _Rotate.apply(x, u, self.small_angle)
-        return rotation(x, u, self.small_angle)[0]
+        return written_out(_Rotate, rotation, x, u, self.small_angle)
 
 
 def rotation(x, u, small_angle):
