@@ -2,12 +2,13 @@
 
 import itertools
 import math
+import warnings
 
 import pytest
 import torch
 
-from model import (GPT, AdditiveUpdate, DecodeCache, GPTConfig, OrthogonalQKV, OrthogonalUpdate, RotationUpdate,
-                   maps_held, maps_once_per_step)
+from model import (GPT, AdditiveUpdate, DecodeCache, GPTConfig, OrthogonalQKV, OrthogonalUpdate, RMSNorm,
+                   RotationUpdate, maps_held, maps_once_per_step)
 
 
 def tiny(**kw):
@@ -71,7 +72,7 @@ def test_rotation_keeps_every_block_on_the_sphere(qkv, init):
     # the paper's architecture: no norms in the blocks, none at the end, one weightless after the embeddings
     assert all(isinstance(b.ln_1, torch.nn.Identity) and isinstance(b.ln_2, torch.nn.Identity) for b in model.blocks)
     assert isinstance(model.ln_f, torch.nn.Identity)
-    assert isinstance(model.ln_emb, torch.nn.RMSNorm) and model.ln_emb.weight is None
+    assert isinstance(model.ln_emb, RMSNorm) and model.ln_emb.weight is None
     assert all(isinstance(b.update_attn, RotationUpdate) for b in model.blocks)
     idx = torch.randint(11, (4, 16))
     for _ in range(2):
@@ -186,6 +187,31 @@ def test_gpt2_init_and_loss_at_init():
     assert logits.shape == (8, 16, 50)
     assert abs(loss.item() - math.log(50)) < 0.1
     assert model(idx)[1] is None
+
+
+@pytest.mark.parametrize('eps,affine', [(None, True), (1e-30, False), (0.1, True)])
+def test_rmsnorm_is_torchs(eps, affine):
+    """Our RMSNorm computes nn.RMSNorm's function and gradients (float64), with its parameter name."""
+    torch.manual_seed(0)
+    ours, theirs = RMSNorm(8, eps=eps, elementwise_affine=affine), torch.nn.RMSNorm(8, eps=eps, elementwise_affine=affine)
+    assert [n for n, _ in ours.named_parameters()] == [n for n, _ in theirs.named_parameters()]
+    if affine:
+        with torch.no_grad():
+            theirs.weight.normal_()
+        ours.load_state_dict(theirs.state_dict())
+    ours, theirs = ours.double(), theirs.double()
+    x = (torch.randn(3, 5, 8, dtype=torch.float64) * torch.logspace(-3, 3, 5, dtype=torch.float64)[:, None]).requires_grad_()
+    g = torch.randn(3, 5, 8, dtype=torch.float64)
+    grads = []
+    for norm in (ours, theirs):
+        y = norm(x)
+        grads.append((y, *torch.autograd.grad(y, [x, *norm.parameters()], g)))
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    xh = x.detach().bfloat16()  # a narrower input: computed in float32, returned in its dtype
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')  # nn.RMSNorm: "Mismatch dtype between input and weight"
+        torch.testing.assert_close(ours.float()(xh), theirs.float()(xh))
 
 
 def test_global_mode_needs_sequences():
