@@ -285,7 +285,7 @@ def test_generation_maps_orthogonal_weights_once(monkeypatch):
 
 
 @pytest.mark.parametrize('variant,qkv', [(v, 'dense') for v in VARIANTS] + [
-    (dict(residual='orthogonal', ortho_mode='feature', ortho_prob=0.5), 'dense'), (VARIANTS[0], 'cayley'),
+    (dict(residual='orthogonal', ortho_mode='feature', ortho_prob=0.5), 'dense'), (dict(residual='additive', norm='rmsnorm'), 'cayley'),
     (VARIANTS[1], 'exp')], ids=lambda v: '-'.join(map(str, v.values())) if isinstance(v, dict) else v)
 def test_compiles_in_one_graph(variant, qkv):
     """torch.compile traces the forward and the backward (the update rules' written-out gradients,
