@@ -357,8 +357,8 @@ def main(argv=None):
                 run.finish()
         if ddp:
             if sys.exc_info()[0] is None:
-                # every process ended cleanly: tear down together, not while rank 0 still writes its
-                # last checkpoint (a rank that tore down alone aborted at exit in 2 of ~20 CI runs)
+                # all processes ended cleanly: tear down together, after rank 0's last checkpoint
+                # (a rank that got there first was seen to abort at exit, twice in ~20 CI runs)
                 dist.barrier()
             dist.destroy_process_group()
 
