@@ -125,7 +125,7 @@ def wide(t):
     return t if t.dtype in (torch.float32, torch.float64) else t.float()
 
 
-def narrow(t, dtype):
+def back_to(t, dtype):
     """t back in the caller's dtype: the inverse of wide."""
     return t if t.dtype == dtype else t.to(dtype)
 
@@ -206,7 +206,7 @@ def orthogonal_feature(x, u, eps, m):
     n = sq(xf).add_(eps)
     q = m / n
     s = dot(xf, uf).mul_(q)
-    return narrow(torch.addcmul(uf, xf, 1 - s), x.dtype), (n, q, s)
+    return back_to(torch.addcmul(uf, xf, 1 - s), x.dtype), (n, q, s)
 
 
 class _OrthogonalFeature(torch.autograd.Function):
@@ -232,7 +232,7 @@ class _OrthogonalFeature(torch.autograd.Function):
         gq = gx * q
         grad_u = torch.addcmul(g, xf, gq, value=-1)
         grad_x = torch.addcmul(g, g, s, value=-1).addcmul_(uf, gq, value=-1).addcmul_(xf, (gx * s).div_(n), value=2)
-        return narrow(grad_x, x.dtype), narrow(grad_u, u.dtype), None, None
+        return back_to(grad_x, x.dtype), back_to(grad_u, u.dtype), None, None
 
 
 class RotationUpdate(ResidualUpdate):
@@ -270,7 +270,7 @@ def rotation(x, u, small_angle):
     theta = t.clamp_min(small_angle ** 2).sqrt_()  # safe where unused
     c = torch.where(small, torch.rsub(t, 1, alpha=1 / 2), theta.cos())
     sg = torch.where(small, torch.rsub(t, 1, alpha=1 / 6), theta.sin().div_(theta))
-    return narrow(torch.addcmul(xf * c, p, sg), x.dtype), (xx, a, t, c, sg, small)
+    return back_to(torch.addcmul(xf * c, p, sg), x.dtype), (xx, a, t, c, sg, small)
 
 
 class _Rotate(torch.autograd.Function):
@@ -305,7 +305,7 @@ class _Rotate(torch.autograd.Function):
         grad_u = torch.mul(g, sg).addcmul_(uf, beta).addcmul_(xf, ab_k, value=-1)
         grad_x = torch.mul(g, torch.addcmul(c, a, sg, value=-1)).addcmul_(uf, ab_k, value=-1) \
             .addcmul_(xf, (ab_k + k).mul_(a))
-        return narrow(grad_x, x.dtype), narrow(grad_u, u.dtype), None
+        return back_to(grad_x, x.dtype), back_to(grad_u, u.dtype), None
 
 
 RESIDUALS = {'additive': AdditiveUpdate, 'orthogonal': OrthogonalUpdate, 'rotation': RotationUpdate}
@@ -474,7 +474,7 @@ class RMSNorm(nn.Module):
         eps = torch.finfo(xf.dtype).eps if self.eps is None else self.eps
         r = torch.linalg.vector_norm(xf, dim=-1, keepdim=True).square().div_(self.d).add_(eps).rsqrt_()  # (..., 1)
         y = xf * r if self.weight is None else xf * r * self.weight
-        return narrow(y, x.dtype)
+        return back_to(y, x.dtype)
 
     def extra_repr(self):
         return f"{self.d}, eps={self.eps}, elementwise_affine={self.weight is not None}"
