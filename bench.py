@@ -15,7 +15,9 @@ drifts biases none of them; each cell is the median over rounds, with the min-ma
 the overhead against the first variant is the median of the per-round ratios (each variant
 against the first in the same round: paired, so drift between rounds cancels).
 --sample times GPT.generate instead: --sample_tokens new tokens after a one-token prompt, batch
-1, top_k 200, with the DecodeCache and without (the same context window, so the same tokens).
+1, top_k 200, with the DecodeCache and without (the same context window, so the same tokens);
+with --compile, generate(compile=True) in both, after one untimed generation of each that
+compiles every shape the timed ones meet.
 --rules times forward + backward of each piece a variant adds, alone, at the config's shape: the
 update rule on (batch_size, block_size, n_embd) tensors, the orthogonal Q/K/V map of one layer, and
 every layer's maps in one batched call (as training computes them).
@@ -78,6 +80,7 @@ class Runner:
         self.cfg = cfg = self.task.cfg
         seed_all(cfg.seed)
         self.raw = self.task.model().to(device)
+        self.compile = compile_model
         self.model = torch.compile(self.raw) if compile_model else self.raw
         self.optimizer = make_optimizer(self.raw, cfg, self.device_type)
         self.autocast = (contextlib.nullcontext() if dtype == 'float32'
@@ -107,7 +110,8 @@ class Runner:
         self.sync()
         t0 = time.perf_counter()
         with self.autocast:
-            self.raw.generate(prompt, new_tokens, top_k=200, generator=generator, use_cache=use_cache)
+            self.raw.generate(prompt, new_tokens, top_k=200, generator=generator, use_cache=use_cache,
+                              compile=self.compile)
         self.sync()
         self.raw.train()
         return new_tokens / (time.perf_counter() - t0)
@@ -216,8 +220,13 @@ def main(argv=None):
 def bench_sampling(runners, args):
     if any(r.task.unit != 'tok' for r in runners.values()):
         raise SystemExit("error: --sample times text generation; give a language-model config")
-    for r in runners.values():  # warm-up
-        r.time_sampling(8, True), r.time_sampling(8, False)
+    warmup = args.sample_tokens if args.compile else 8  # compiled: past every window move, as timed
+    # GPT.forward's compiled variants are guarded on the model; one model's decoding makes about
+    # five (cached at the first and at later positions, uncached per prompt length and window
+    # stride), so the default limit of 8 would send the later models back to eager mode
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 8 * len(runners))
+    for r in runners.values():
+        r.time_sampling(warmup, True), r.time_sampling(warmup, False)
     rates = {(v, c): [] for v in runners for c in (True, False)}
     for _ in range(args.repeats):
         for v, r in runners.items():
@@ -225,7 +234,7 @@ def bench_sampling(runners, args):
                 rates[v, c].append(r.time_sampling(args.sample_tokens, c))
     first = next(iter(runners.values()))
     c = first.cfg
-    print(f"{first.device}, {torch.get_num_threads()} threads; {c.n_layer} layers x {c.n_embd}, "
+    print(f"{first.device}, {torch.get_num_threads()} threads, compile={args.compile}; {c.n_layer} layers x {c.n_embd}, "
           f"block {c.block_size}; {args.sample_tokens} new tokens after a 1-token prompt, batch 1, window shift "
           f"{first.raw.window_shift()}; median of {args.repeats} interleaved rounds")
     print("| variant | tokens/s, KV cache | tokens/s, no cache | speed-up |")

@@ -506,11 +506,14 @@ class SelfAttention(nn.Module):
         if cache is not None:
             k, v = cache.extend(self, k, v, dim=2)  # (B, nh, T_seen, hs)
         Tk = k.shape[2]
-        # queries at the end of the keys: SDPA's is_causal aligns them at the start instead
-        mask = (torch.ones(T, Tk, dtype=torch.bool, device=x.device).tril(Tk - T)
-                if self.causal and 1 < T < Tk else None)
+        mask, is_causal = None, False  # a single query sees every key
+        if self.causal and T > 1:
+            if T == Tk:
+                is_causal = True
+            else:  # queries at the end of the keys: SDPA's is_causal aligns them at the start instead
+                mask = torch.ones(T, Tk, dtype=torch.bool, device=x.device).tril(Tk - T)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
-                                           is_causal=self.causal and T == Tk)
+                                           is_causal=is_causal)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C), copied where T > 1
         return self.resid_dropout(self.c_proj(y))
 
@@ -611,12 +614,13 @@ class DecodeCache:
         """Store module's new tensors after the pos positions before them, along dim; returns
         views of all positions so far."""
         dim %= new[0].dim()
-        if module not in self.buffers:
-            self.buffers[module] = [t.new_empty(t.shape[:dim] + (self.capacity,) + t.shape[dim + 1:]) for t in new]
+        key = id(module)  # not the module: torch.compile would guard on the model through the cache
+        if key not in self.buffers:
+            self.buffers[key] = [t.new_empty(t.shape[:dim] + (self.capacity,) + t.shape[dim + 1:]) for t in new]
         end = self.pos + new[0].shape[dim]
-        for buf, t in zip(self.buffers[module], new):
+        for buf, t in zip(self.buffers[key], new):
             buf.narrow(dim, self.pos, t.shape[dim]).copy_(t)
-        return tuple(buf.narrow(dim, 0, end) for buf in self.buffers[module])
+        return tuple(buf.narrow(dim, 0, end) for buf in self.buffers[key])
 
 
 class GPT(Trunk, nn.Module):
@@ -671,7 +675,8 @@ class GPT(Trunk, nn.Module):
             raise ValueError(f"shift={shift} must lie in [1, block_size={block}]")
         return shift
 
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None, use_cache=True, shift=None):
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None, use_cache=True, shift=None,
+                 compile=False):
         """Append max_new_tokens sampled tokens to idx (B, T).
 
         The context is the sequence while it fits in block_size; once it would not, the window
@@ -682,18 +687,26 @@ class GPT(Trunk, nn.Module):
         use_cache=False with the same shift and generator (up to float rounding in the logits).
         Runs in inference mode, whose lighter per-operation bookkeeping makes a cached step ~10%
         faster on CPU; the tokens come back as an ordinary tensor.
+        compile=True runs the forwards that repeat (each cached token; each window, uncached)
+        through torch.compile with dynamic shapes, which on a CPU removes most of a cached step's
+        per-call overhead (README "Performance"). The first call compiles, which takes tens of
+        seconds on a CPU; later calls reuse the compiled code.
         """
         block, shift = self.config.block_size, self.window_shift(shift)
+        step = torch.compile(self, dynamic=True) if compile else self
         start, cache = 0, None
         with torch.inference_mode(), maps_held(self):  # Q/K/V maps computed once, not once per token
+            idx = idx.clone()  # an inference tensor like every later idx: one compiled variant, not two
             for _ in range(max_new_tokens):
                 if idx.shape[1] - start > block:  # the window moves: read it again from its new start
                     start, cache = idx.shape[1] - (block - shift + 1), None
                 if cache is not None:
-                    logits, _ = self(idx[:, -1:], cache=cache)
-                else:
-                    cache = DecodeCache(block) if use_cache else None
+                    logits, _ = step(idx[:, -1:], cache=cache)
+                elif use_cache:  # eager: it allocates the cache's buffers, once per window
+                    cache = DecodeCache(block)
                     logits, _ = self(idx[:, start:], cache=cache)
+                else:
+                    logits, _ = step(idx[:, start:])
                 logits = logits[:, -1, :].float() / temperature
                 if top_k is not None:
                     v, _ = torch.topk(logits, min(top_k, logits.size(-1)))

@@ -7,7 +7,9 @@ Decodes with the character vocabulary saved in the checkpoint, or GPT-2 BPE (tik
 checkpoints trained on BPE tokens. Generation reads each new token against a KV cache of the
 context (--no_cache: the whole context every step, the same tokens, slower). Past block_size the
 context window moves on by --shift tokens at a time (default block_size/4; 1 is nanoGPT's
-sliding window, which makes the cache re-read the window at every token).
+sliding window, which makes the cache re-read the window at every token). --compile compiles the
+per-token forward (torch.compile): faster decoding after tens of seconds spent compiling, which pays
+off for long or many samples.
 """
 
 import argparse
@@ -50,6 +52,7 @@ def main(argv=None):
     p.add_argument('--seed', type=int, default=1337)
     p.add_argument('--shift', type=int, default=None, help='tokens the full context window moves at a time')
     p.add_argument('--no_cache', action='store_true', help='recompute the whole context for every token')
+    p.add_argument('--compile', action='store_true', help='torch.compile the forward that runs once per token')
     p.add_argument('--device', default='auto', help="'auto', 'cpu', 'cuda', 'cuda:N'")
     args = p.parse_args(argv)
     if args.temperature <= 0:
@@ -102,7 +105,7 @@ def main(argv=None):
     with torch.autocast(device.split(':')[0], dtype=torch.bfloat16, enabled=bf16):
         for _ in range(args.num_samples):
             y = model.generate(x, args.max_new_tokens, args.temperature, args.top_k, generator=generator,
-                               use_cache=not args.no_cache, shift=args.shift)
+                               use_cache=not args.no_cache, shift=args.shift, compile=args.compile)
             print(decode(y[0].tolist()))
             print('---------------')
 

@@ -306,3 +306,43 @@ def test_compiles_in_one_graph(variant, qkv):
     assert torch.allclose(losses[0], losses[1], rtol=1e-5)
     for a, b in zip(*grads):
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+DECODERS = [dict(residual='additive', qkv='cayley'), dict(residual='rotation'),
+            dict(residual='orthogonal', ortho_mode='feature'), dict(residual='orthogonal', ortho_mode='global')]
+
+
+@pytest.mark.parametrize('variant', DECODERS, ids=lambda v: '-'.join(map(str, v.values())))
+def test_decoding_compiles_in_one_graph(variant):
+    """What generate(compile=True) compiles, a cached step at any position and an uncached window
+    of any length, traces without a graph break under dynamic shapes and gives eager mode's logits."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = GPT(tiny(**variant)).eval()
+    compiled = torch.compile(model, backend='aot_eager', dynamic=True, fullgraph=True)
+    idx = torch.randint(11, (2, 12))
+    with torch.inference_mode(), maps_held(model):
+        full, _ = model(idx)
+        cache = DecodeCache(model.config.block_size)
+        pieces = [model(idx[:, :5], cache=cache)[0]] + [compiled(idx[:, t:t + 1], cache=cache)[0] for t in range(5, 12)]
+        windows = [compiled(idx[:, :t])[0] for t in (7, 12)]
+    torch.testing.assert_close(torch.cat(pieces, 1), full, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(windows[0], full[:, :7], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(windows[1], full, rtol=1e-5, atol=1e-5)
+
+
+def test_compiled_generation_draws_the_same_tokens():
+    """generate(compile=True), with the default compiler, past two moves of the window; a second
+    call reuses the compiled code (the Cayley maps it holds are new tensors each call)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = GPT(tiny(residual='orthogonal', qkv='cayley')).eval()
+    prompt = torch.randint(11, (1, 3))
+
+    def run(use_cache, compile):
+        return model.generate(prompt, 24, top_k=8, use_cache=use_cache, compile=compile,
+                              generator=torch.Generator().manual_seed(3))
+    runs = [run(True, True), run(False, True), run(False, False)]
+    assert torch.equal(runs[0], runs[2]) and torch.equal(runs[1], runs[2])
+    with torch.compiler.set_stance('fail_on_recompile'):
+        assert torch.equal(run(True, True), runs[2])
