@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from model import (GPT, AdditiveUpdate, DecodeCache, GPTConfig, OrthogonalQKV, OrthogonalUpdate, RMSNorm,
-                   RotationUpdate, maps_held, maps_once_per_step)
+                   RotationUpdate, _Cayley, inverse, maps_held, maps_once_per_step)
 
 
 def tiny(**kw):
@@ -105,16 +105,36 @@ def test_orthogonal_qkv_weights_stay_orthogonal(kind):
 
 
 @pytest.mark.parametrize('kind', ['cayley', 'exp'])
-def test_orthogonal_maps_match_the_paper(kind):
+@pytest.mark.parametrize('d', [8, 40])  # 40: the CPU inverse goes by blocks
+def test_orthogonal_maps_match_the_paper(kind, d):
     """cayley: 2 (I + A)^-1 - I with A = W - W^T ([OViT] Alg. 2); exp: matrix exponential of A."""
-    w = 0.3 * torch.randn(3 * 8, 8)
+    w = 0.3 * torch.randn(3 * d, d)
     out = OrthogonalQKV(kind)(w)
-    a = w.double().view(3, 8, 8)
+    a = w.double().view(3, d, d)
     a = a - a.mT
-    eye = torch.eye(8, dtype=torch.float64)
+    eye = torch.eye(d, dtype=torch.float64)
     ref = 2 * torch.linalg.inv(eye + a) - eye if kind == 'cayley' else torch.linalg.matrix_exp(a)
     assert out.shape == w.shape
-    assert (out.double() - ref.reshape(24, 8)).abs().max() < 1e-5
+    assert (out.double() - ref.reshape(3 * d, d)).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize('d,leaf', [(13, 2), (13, 3), (40, 32), (128, 32)])
+def test_block_inverse_is_the_inverse(d, leaf):
+    """The CPU's recursive block inverse, with uneven splits and several levels, against LAPACK's
+    in float64, for I + A with a large skew A, and in float32 at the training shape."""
+    torch.manual_seed(0)
+    for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 1e-5)):
+        w = 2 * torch.randn(3, d, d, dtype=dtype)
+        m = torch.eye(d, dtype=dtype) + w - w.mT
+        out = inverse(m, leaf)
+        assert out.is_contiguous()
+        assert (out.double() - torch.linalg.inv(m.double())).abs().max() < tol
+
+
+def test_cayley_gradient_is_the_derivative():
+    """_Cayley's written-out gradient against finite differences, through the block inverse."""
+    w = (0.3 * torch.randn(1, 40, 40, dtype=torch.float64)).requires_grad_()
+    assert torch.autograd.gradcheck(_Cayley.apply, (w,))
 
 
 @pytest.mark.parametrize('kind', ['cayley', 'exp'])
