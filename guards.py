@@ -36,8 +36,8 @@ def seed_all(seed):
 
 class StepScaler(torch.amp.GradScaler):
     """Loss scaling for float16, and for every dtype a guard: a step whose gradients hold inf or
-    nan is skipped (on the device when AdamW is fused, as on CUDA: no host sync). Outside float16
-    the scale stays 1, so the arithmetic is exactly that of unscaled training."""
+    nan is skipped (on the device when AdamW is fused, as on CUDA and CPU: no host sync).
+    Outside float16 the scale stays 1, so the arithmetic is exactly that of unscaled training."""
 
     def __init__(self, device_type, dtype):
         self.dynamic = dtype == 'float16'

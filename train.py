@@ -84,13 +84,16 @@ def get_lr(it, cfg, start=0):
 
 def make_optimizer(model, cfg, device_type):
     """AdamW; weight decay on matrices and embeddings, none on gains and biases, nor on the raw W
-    behind orthogonal Q/K/V (decaying it pulls Q, K, V towards the identity, not towards zero)."""
+    behind orthogonal Q/K/V (decaying it pulls Q, K, V towards the identity, not towards zero).
+    Fused on CUDA and on CPU: one kernel for all parameters, no host sync for the scaler's skip,
+    and on this project's CPU 4x faster than the per-parameter loop PyTorch uses by default there
+    (README "Performance")."""
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     decay = [p for n, p in params if p.dim() >= 2 and '.parametrizations.' not in n]
     no_decay = [p for n, p in params if p.dim() < 2 or '.parametrizations.' in n]
     groups = [{'params': decay, 'weight_decay': cfg.weight_decay}, {'params': no_decay, 'weight_decay': 0.0}]
     return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2),
-                             fused=device_type == 'cuda')
+                             fused=device_type in ('cuda', 'cpu'))
 
 
 def resume_problems(saved, cfg, model_keys):
