@@ -369,8 +369,8 @@ class OrthogonalQKV(nn.Module):
 def inverse(m, leaf=32):
     """m^-1 of a stack (n, d, d) of matrices whose symmetric part is positive definite, as
     I + A is for skew A; row-major, like m. One batched LAPACK inverse; on a CPU, blocks first:
-        [[P, B], [C, D]]^-1 = [[P^-1 + X S^-1 Y, -X S^-1], [-S^-1 Y, S^-1]],
-        X = P^-1 B, Y = C P^-1, S = D - C P^-1 B,
+        [[P, B], [C, E]]^-1 = [[P^-1 + X S^-1 Y, -X S^-1], [-S^-1 Y, S^-1]],
+        X = P^-1 B, Y = C P^-1, S = E - C P^-1 B,
     recursively down to leaf x leaf blocks. P and S inherit the positive definite symmetric part,
     so they are invertible without pivoting. On this project's CPU, LAPACK's inverse (a
     factorisation, then a solve against I four times as slow) takes 3.3 ms for 12 matrices of
