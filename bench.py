@@ -20,7 +20,9 @@ with --compile, generate(compile=True) in both, after one untimed generation of 
 compiles every shape the timed ones meet.
 --rules times forward + backward of each piece a variant adds, alone, at the config's shape: the
 update rule on (batch_size, block_size, n_embd) tensors, the orthogonal Q/K/V map of one layer, and
-every layer's maps in one batched call (as training computes them).
+every layer's maps in one batched call (as training computes them); on a CPU also the batched
+maps' inverse alone (forward only), as one LAPACK call and by blocks (model.inverse; which one the
+maps use depends on the CPU, see INVERSE_LEAF).
 """
 
 import argparse
@@ -34,7 +36,7 @@ import torch
 
 import configure
 import diagnostics
-from model import RESIDUALS, OrthogonalQKV
+from model import INVERSE_LEAF, RESIDUALS, OrthogonalQKV, inverse
 from guards import StepScaler, seed_all
 from tasks import DataError, make_task
 from train import make_optimizer, resolve_device, resolve_dtype, train_step
@@ -254,6 +256,12 @@ def bench_rules(cfg, device, args):
     for kind in ('cayley', 'exp'):
         pieces[f'{kind} Q/K/V map, one layer'] = lambda m=OrthogonalQKV(kind): m(w).sum().backward()
         pieces[f'{kind} Q/K/V maps, {cfg.n_layer} layers batched'] = lambda m=OrthogonalQKV(kind): m(ws).sum().backward()
+    if device == 'cpu':
+        m = ws.detach().view(-1, d, d)
+        m = torch.eye(d) + m - m.mT  # I + A, as the Cayley map inverts it
+        for leaf, how in ((0, 'one LAPACK call'), (32, 'blocks of 32')):
+            mark = ' (the maps\' choice here)' if leaf == INVERSE_LEAF else ''
+            pieces[f'inverse alone, forward only, {how}{mark}'] = lambda leaf=leaf: inverse(m, leaf)
     sync = torch.cuda.synchronize if device.startswith('cuda') else (lambda: None)
     times = {k: [] for k in pieces}
     for _ in range(args.repeats):

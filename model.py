@@ -16,6 +16,7 @@ The papers are in ../shared/papers/ (see DESIGN.md):
 """
 
 import math
+import platform
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -366,17 +367,37 @@ class OrthogonalQKV(nn.Module):
         return self.kind
 
 
-def inverse(m, leaf=32):
+def mkl_untuned(cpuinfo='/proc/cpuinfo'):
+    """Whether torch's LAPACK is MKL on a CPU that MKL does not tune for: MKL picks its kernels by
+    CPU vendor and runs generic code on AMD and Hygon CPUs, where LAPACK's small inverses take
+    2-3x as long as on its tuned path (README "Performance")."""
+    if not torch.backends.mkl.is_available():
+        return False
+    try:
+        with open(cpuinfo) as f:
+            info = f.read(4096)
+    except OSError:
+        info = platform.processor()  # Windows: 'AMD64 Family 25 Model 33 Stepping 0, AuthenticAMD'
+    return 'AuthenticAMD' in info or 'HygonGenuine' in info
+
+
+INVERSE_LEAF = 32 if mkl_untuned() else 0  # `inverse` goes by blocks only where they pay
+
+
+def inverse(m, leaf=None):
     """m^-1 of a stack (n, d, d) of matrices whose symmetric part is positive definite, as
-    I + A is for skew A; row-major, like m. One batched LAPACK inverse; on a CPU, blocks first:
+    I + A is for skew A; row-major, like m. One batched LAPACK inverse, or on a CPU, with a leaf
+    size (leaf=None: INVERSE_LEAF; 0: none), blocks first:
         [[P, B], [C, E]]^-1 = [[P^-1 + X S^-1 Y, -X S^-1], [-S^-1 Y, S^-1]],
         X = P^-1 B, Y = C P^-1, S = E - C P^-1 B,
     recursively down to leaf x leaf blocks. P and S inherit the positive definite symmetric part,
-    so they are invertible without pivoting. On this project's CPU, LAPACK's inverse (a
-    factorisation, then a solve against I four times as slow) takes 3.3 ms for 12 matrices of
-    128 x 128, the blocks 1.8 ms, with the same float32 error (README "Performance")."""
-    d = m.shape[-1]
-    if m.device.type != 'cpu' or d <= leaf:
+    so they are invertible without pivoting. The blocks pay where MKL runs generic code
+    (INVERSE_LEAF): on this project's AMD CPU, for 12 matrices of 128 x 128, LAPACK's inverse (a
+    factorisation, then a solve against I four times as slow) takes 3.6 ms, the blocks 1.9 ms,
+    with the same float32 error; with MKL on its Intel code path (emulated on the same CPU)
+    LAPACK's takes 1.4 ms and the blocks 1.8 (`bench.py --rules`, README "Performance")."""
+    d, leaf = m.shape[-1], INVERSE_LEAF if leaf is None else leaf
+    if not leaf or m.device.type != 'cpu' or d <= leaf:
         return torch.linalg.inv_ex(m.mT)[0].mT  # LAPACK is column-major: m.mT is m^T without a copy
     h = d // 2
     p, b, c, e = m[..., :h, :h], m[..., :h, h:], m[..., h:, :h], m[..., h:, h:]

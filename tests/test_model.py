@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from model import (GPT, AdditiveUpdate, DecodeCache, GPTConfig, OrthogonalQKV, OrthogonalUpdate, RMSNorm,
-                   RotationUpdate, _Cayley, inverse, maps_held, maps_once_per_step)
+                   RotationUpdate, _Cayley, inverse, maps_held, maps_once_per_step, mkl_untuned)
 
 
 def tiny(**kw):
@@ -105,9 +105,11 @@ def test_orthogonal_qkv_weights_stay_orthogonal(kind):
 
 
 @pytest.mark.parametrize('kind', ['cayley', 'exp'])
-@pytest.mark.parametrize('d', [8, 40])  # 40: the CPU inverse goes by blocks
-def test_orthogonal_maps_match_the_paper(kind, d):
-    """cayley: 2 (I + A)^-1 - I with A = W - W^T ([OViT] Alg. 2); exp: matrix exponential of A."""
+@pytest.mark.parametrize('d,leaf', [(8, 0), (40, 0), (40, 32)])  # leaf 32: the inverse goes by blocks at d=40
+def test_orthogonal_maps_match_the_paper(kind, d, leaf, monkeypatch):
+    """cayley: 2 (I + A)^-1 - I with A = W - W^T ([OViT] Alg. 2); exp: matrix exponential of A.
+    Both of the CPU's inverses (model.INVERSE_LEAF picks one by CPU)."""
+    monkeypatch.setattr('model.INVERSE_LEAF', leaf)
     w = 0.3 * torch.randn(3 * d, d)
     out = OrthogonalQKV(kind)(w)
     a = w.double().view(3, d, d)
@@ -131,8 +133,21 @@ def test_block_inverse_is_the_inverse(d, leaf):
         assert (out.double() - torch.linalg.inv(m.double())).abs().max() < tol
 
 
-def test_cayley_gradient_is_the_derivative():
-    """_Cayley's written-out gradient against finite differences, through the block inverse."""
+def test_block_inverse_only_where_mkl_runs_generic_code(tmp_path, monkeypatch):
+    """The CPU vendor read from /proc/cpuinfo, or from platform.processor() where there is none."""
+    mkl = torch.backends.mkl.is_available()
+    for vendor, untuned in (('AuthenticAMD', mkl), ('HygonGenuine', mkl), ('GenuineIntel', False)):
+        (tmp_path / vendor).write_text(f"processor\t: 0\nvendor_id\t: {vendor}\ncpu family\t: 25\n")
+        assert mkl_untuned(tmp_path / vendor) == untuned, vendor
+    monkeypatch.setattr('platform.processor', lambda: 'AMD64 Family 25 Model 33 Stepping 0, AuthenticAMD')
+    assert mkl_untuned(tmp_path / 'none') == mkl
+
+
+@pytest.mark.parametrize('leaf', [0, 32])
+def test_cayley_gradient_is_the_derivative(leaf, monkeypatch):
+    """_Cayley's written-out gradient against finite differences, through LAPACK's inverse and
+    through the blocks."""
+    monkeypatch.setattr('model.INVERSE_LEAF', leaf)
     w = (0.3 * torch.randn(1, 40, 40, dtype=torch.float64)).requires_grad_()
     assert torch.autograd.gradcheck(_Cayley.apply, (w,))
 
