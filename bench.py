@@ -36,7 +36,7 @@ import torch
 
 import configure
 import diagnostics
-from model import INVERSE_LEAF, RESIDUALS, OrthogonalQKV, inverse
+from model import BLOCK_LEAF, INVERSE_LEAF, RESIDUALS, OrthogonalQKV, inverse
 from guards import StepScaler, seed_all
 from tasks import DataError, make_task
 from train import make_optimizer, resolve_device, resolve_dtype, train_step
@@ -259,7 +259,7 @@ def bench_rules(cfg, device, args):
     if device == 'cpu':
         m = ws.detach().view(-1, d, d)
         m = torch.eye(d) + m - m.mT  # I + A, as the Cayley map inverts it
-        for leaf, how in ((0, 'one LAPACK call'), (32, 'blocks of 32')):
+        for leaf, how in ((0, 'one LAPACK call'), (BLOCK_LEAF, f'blocks of {BLOCK_LEAF}')):
             mark = ' (the maps\' choice here)' if leaf == INVERSE_LEAF else ''
             pieces[f'inverse alone, forward only, {how}{mark}'] = lambda leaf=leaf: inverse(m, leaf)
     sync = torch.cuda.synchronize if device.startswith('cuda') else (lambda: None)

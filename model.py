@@ -381,7 +381,8 @@ def mkl_untuned(cpuinfo='/proc/cpuinfo'):
     return 'AuthenticAMD' in info or 'HygonGenuine' in info
 
 
-INVERSE_LEAF = 32 if mkl_untuned() else 0  # `inverse` goes by blocks only where they pay
+BLOCK_LEAF = 32  # where `inverse`'s blocks stop: of 16, 32 and 64 the fastest here (README "Performance")
+INVERSE_LEAF = BLOCK_LEAF if mkl_untuned() else 0  # `inverse` goes by blocks only where they pay
 
 
 def inverse(m, leaf=None):
