@@ -26,6 +26,9 @@ def test_bench_tables(mode, expect, char_data, capsys):
     assert set(expect) <= set(table)
     if not mode:
         assert '+0.0%' in table['additive']
+    if mode == ['--rules']:  # the two CPU inverses, the maps' own marked
+        inverses = [k for k in table if k.startswith('inverse alone')]
+        assert len(inverses) == 2 and sum("(the maps' choice here)" in k for k in inverses) == 1
 
 
 def test_bench_rejects_unknown_variants(char_data):
