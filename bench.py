@@ -36,7 +36,7 @@ import torch
 
 import configure
 import diagnostics
-from model import BLOCK_LEAF, INVERSE_LEAF, RESIDUALS, OrthogonalQKV, inverse
+from model import BLOCK_LEAF, INVERSE_LEAF, RESIDUALS, OrthogonalQKV, identity_plus_skew, inverse
 from guards import StepScaler, seed_all
 from tasks import DataError, make_task
 from train import make_optimizer, resolve_device, resolve_dtype, train_step
@@ -257,8 +257,7 @@ def bench_rules(cfg, device, args):
         pieces[f'{kind} Q/K/V map, one layer'] = lambda m=OrthogonalQKV(kind): m(w).sum().backward()
         pieces[f'{kind} Q/K/V maps, {cfg.n_layer} layers batched'] = lambda m=OrthogonalQKV(kind): m(ws).sum().backward()
     if device == 'cpu':
-        m = ws.detach().view(-1, d, d)
-        m = torch.eye(d) + m - m.mT  # I + A, as the Cayley map inverts it
+        m = identity_plus_skew(ws.detach().view(-1, d, d))
         for leaf, how in ((0, 'one LAPACK call'), (BLOCK_LEAF, f'blocks of {BLOCK_LEAF}')):
             mark = ' (the maps\' choice here)' if leaf == INVERSE_LEAF else ''
             pieces[f'inverse alone, forward only, {how}{mark}'] = lambda leaf=leaf: inverse(m, leaf)

@@ -415,6 +415,13 @@ def inverse(m, leaf=None):
     return out
 
 
+def identity_plus_skew(w):
+    """I + A with A = W - W^T, for a stack (n, d, d): the matrix the Cayley map inverts."""
+    m = w - w.mT
+    m.diagonal(dim1=-2, dim2=-1).add_(1)
+    return m
+
+
 class _Cayley(torch.autograd.Function):
     """The Cayley map of (n, d, d) raw weights W, h = 2 M^-1 - I with M = I + W - W^T, and its
     gradient. From the gradient G of h, d(M^-1) = -M^-1 dM M^-1 gives
@@ -427,9 +434,7 @@ class _Cayley(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, w):
-        m = w - w.mT
-        m.diagonal(dim1=-2, dim2=-1).add_(1)  # I + A
-        inv = inverse(m)
+        inv = inverse(identity_plus_skew(w))
         ctx.save_for_backward(inv)
         h = inv * 2
         h.diagonal(dim1=-2, dim2=-1).sub_(1)
