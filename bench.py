@@ -39,7 +39,7 @@ import diagnostics
 from model import BLOCK_LEAF, INVERSE_LEAF, RESIDUALS, OrthogonalQKV, identity_plus_skew, inverse
 from guards import StepScaler, seed_all
 from tasks import DataError, make_task
-from train import make_optimizer, resolve_device, resolve_dtype, train_step
+from train import keep_freed_memory, make_optimizer, resolve_device, resolve_dtype, train_step
 
 VARIANTS = {
     'additive': dict(residual='additive', qkv='dense'),
@@ -167,6 +167,8 @@ def main(argv=None):
         raise SystemExit(f"error: unknown variant(s) {unknown}; choose from {', '.join(VARIANTS)}")
     device = resolve_device(base.device)
     dtype = resolve_dtype(base.dtype, device.split(':')[0])
+    if device == 'cpu':  # as train.py runs
+        keep_freed_memory()
     if args.rules:
         return bench_rules(base, device, args)
     runners = {v: Runner(replace(base, **VARIANTS[v]), device, dtype, args.compile)

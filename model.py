@@ -403,9 +403,9 @@ def inverse(m, leaf=None):
     h = d // 2
     p, b, c, e = m[..., :h, :h], m[..., :h, h:], m[..., h:, :h], m[..., h:, h:]
     p_inv = inverse(p, leaf)
-    x = p_inv @ b
+    x = torch.bmm(p_inv, b)  # bmm takes the strided blocks as they are; `@` copied them first
     s_inv = inverse(torch.baddbmm(e, c, x, alpha=-1), leaf)
-    y = c @ p_inv
+    y = torch.bmm(c, p_inv)
     out = m.new_empty(m.shape)
     x_s = torch.bmm(x, s_inv)
     out[..., :h, :h] = torch.baddbmm(p_inv, x_s, y)

@@ -21,6 +21,7 @@ import torch
 import checkpoint
 import configure
 from model import GPT
+from train import keep_freed_memory
 
 
 def make_codec(meta):
@@ -64,6 +65,8 @@ def main(argv=None):
     device = args.device if args.device != 'auto' else ('cuda' if torch.cuda.is_available() else 'cpu')
     if device.startswith('cuda') and not torch.cuda.is_available():
         sys.exit(f"error: --device={device} but no CUDA GPU is visible; use --device=cpu")
+    if device == 'cpu':
+        keep_freed_memory()
     try:
         ckpt = checkpoint.load(os.path.join(args.out_dir, name), map_location=device)
         cfg = configure.from_dict(ckpt['config'])
