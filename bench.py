@@ -167,8 +167,7 @@ def main(argv=None):
         raise SystemExit(f"error: unknown variant(s) {unknown}; choose from {', '.join(VARIANTS)}")
     device = resolve_device(base.device)
     dtype = resolve_dtype(base.dtype, device.split(':')[0])
-    if device == 'cpu':  # as train.py runs
-        keep_freed_memory()
+    keep_freed_memory(device)  # as train.py runs
     if args.rules:
         return bench_rules(base, device, args)
     runners = {v: Runner(replace(base, **VARIANTS[v]), device, dtype, args.compile)

@@ -65,8 +65,7 @@ def main(argv=None):
     device = args.device if args.device != 'auto' else ('cuda' if torch.cuda.is_available() else 'cpu')
     if device.startswith('cuda') and not torch.cuda.is_available():
         sys.exit(f"error: --device={device} but no CUDA GPU is visible; use --device=cpu")
-    if device == 'cpu':
-        keep_freed_memory()
+    keep_freed_memory(device)
     try:
         ckpt = checkpoint.load(os.path.join(args.out_dir, name), map_location=device)
         cfg = configure.from_dict(ckpt['config'])

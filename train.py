@@ -62,17 +62,17 @@ def resolve_device(name):
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
 
 
-def keep_freed_memory():
-    """CPU training: keep the memory of freed tensors in the process for the next step's, rather
-    than hand it back to the kernel. glibc serves large allocations with fresh mmap pages and
+def keep_freed_memory(device):
+    """On a CPU device: keep the memory of freed tensors in the process for the next step's,
+    rather than hand it back to the kernel. glibc serves large allocations with fresh mmap pages and
     trims the heap's top on free, by thresholds it adjusts as it goes, so a CPU step faults part of
     its activations in again, page by page, every step: up to 2,150 faults a step of
     config/cpu.py here, about 2 us each, and a speed that changes from run to run with the
     thresholds' history (README "Performance"). Fixed thresholds (mallopt) serve every allocation
     below 1 GiB from a heap that is never trimmed, as PyTorch's caching allocator keeps GPU
-    memory; the process holds its peak memory. Returns whether glibc took both settings (not
-    glibc, or not Linux: False)."""
-    if not sys.platform.startswith('linux'):
+    memory; the process holds its peak memory. Returns whether glibc took both settings (False
+    for other devices, other C libraries and other systems)."""
+    if device.split(':')[0] != 'cpu' or not sys.platform.startswith('linux'):
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt
@@ -248,8 +248,7 @@ def main(argv=None):
         device = resolve_device(cfg.device)
     master = rank == 0
     device_type = device.split(':')[0]
-    if device_type == 'cpu':
-        keep_freed_memory()
+    keep_freed_memory(device)
     if cfg.gradient_accumulation_steps % world:
         fail(f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} is not divisible by the "
              f"{world} processes; use a multiple of {world}")

@@ -261,7 +261,7 @@ def faults():  # minor page faults of three 64 MiB tensors, each written once an
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 
 faults()
-print(faults(), train.keep_freed_memory(), faults(), faults())
+print(faults(), train.keep_freed_memory('cpu'), faults(), faults())
 """
 
 
