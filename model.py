@@ -216,7 +216,7 @@ class _OrthogonalFeature(torch.autograd.Function):
     gradient g, with gx = <g, x>:
         grad_u = g - gx q x,   grad_x = (1 - s) g - gx q u + (2 gx s / n) x.
     Written out because autograd's takes about twice as many passes over (B, T, d) tensors,
-    which on a CPU cost more than the arithmetic (README "Performance")."""
+    which on a CPU cost more than the arithmetic (docs/performance.md)."""
 
     @staticmethod
     def forward(ctx, x, u, eps, m):
@@ -251,7 +251,7 @@ class RotationUpdate(ResidualUpdate):
     functions to float32 rounding, so the rule is the same, tends to x + u_perp as theta -> 0,
     keeps the norm exact, and its gradient is finite at u_perp = 0. The gradient is written out
     (_Rotate): autograd's would take some 30 elementwise passes over (B, T, d) tensors, which on
-    a CPU cost more than the rest of the rule (README "Performance").
+    a CPU cost more than the rest of the rule (docs/performance.md).
     """
     keeps_norm = True
     small_angle = 1e-2
@@ -370,7 +370,7 @@ class OrthogonalQKV(nn.Module):
 def mkl_untuned(cpuinfo='/proc/cpuinfo'):
     """Whether torch's LAPACK is MKL on a CPU that MKL does not tune for: MKL picks its kernels by
     CPU vendor and runs generic code on AMD and Hygon CPUs, where LAPACK's small inverses take
-    2-3x as long as on its tuned path (README "Performance")."""
+    2-3x as long as on its tuned path (docs/performance.md)."""
     if not torch.backends.mkl.is_available():
         return False
     try:
@@ -381,8 +381,9 @@ def mkl_untuned(cpuinfo='/proc/cpuinfo'):
     return 'AuthenticAMD' in info or 'HygonGenuine' in info
 
 
-BLOCK_LEAF = 32  # where `inverse`'s blocks stop: of 16, 32 and 64 the fastest here (README "Performance")
-INVERSE_LEAF = BLOCK_LEAF if mkl_untuned() else 0  # `inverse` goes by blocks only where they pay
+MKL_UNTUNED = mkl_untuned()  # where `inverse` goes by blocks and `Linear` multiplies a single row by dot products
+BLOCK_LEAF = 32  # where `inverse`'s blocks stop: of 16, 32 and 64 the fastest here (docs/performance.md)
+INVERSE_LEAF = BLOCK_LEAF if MKL_UNTUNED else 0  # `inverse` goes by blocks only where they pay
 
 
 def inverse(m, leaf=None):
@@ -396,7 +397,7 @@ def inverse(m, leaf=None):
     (INVERSE_LEAF): on this project's AMD CPU, for 12 matrices of 128 x 128, LAPACK's inverse (a
     factorisation, then a solve against I four times as slow) takes 3.6 ms, the blocks 1.9 ms,
     with the same float32 error; with MKL on its Intel code path (emulated on the same CPU)
-    LAPACK's takes 1.4 ms and the blocks 1.8 (`bench.py --rules`, README "Performance")."""
+    LAPACK's takes 1.4 ms and the blocks 1.8 (`bench.py --rules`, docs/performance.md)."""
     d, leaf = m.shape[-1], INVERSE_LEAF if leaf is None else leaf
     if not leaf or m.device.type != 'cpu' or d <= leaf:
         return torch.linalg.inv_ex(m.mT)[0].mT  # LAPACK is column-major: m.mT is m^T without a copy
@@ -430,7 +431,7 @@ class _Cayley(torch.autograd.Function):
     elementwise passes (the identity added and taken away, the 2, a negation) and returned LAPACK's
     column-major inverse, which the reshape to (3d, d) then copied with a transposing read (on
     this project's CPU, 4 layers' maps forward + backward: 6.1 ms before, 5.5 ms written out with
-    the same LAPACK inverse, 3.9 ms with `inverse`'s blocks; README "Performance")."""
+    the same LAPACK inverse, 3.9 ms with `inverse`'s blocks; docs/performance.md)."""
 
     @staticmethod
     def forward(ctx, w):
@@ -476,7 +477,7 @@ def orthogonal_maps(model):
 def batched_maps(maps):
     """The value of each (map, raw weight) in maps, from one batched call per kind and shape:
     a d x d solve is mostly latency on a GPU, so 12 layers' maps cost about a sixth of 12 calls
-    (H100, d=768: 18 ms against 111 ms forward + backward, README "Performance")."""
+    (H100, d=768: 18 ms against 111 ms forward + backward, docs/performance.md)."""
     groups = {}
     for p, w in maps:
         groups.setdefault((p.kind, w.shape, w.dtype, w.device), []).append((p, w))
@@ -540,7 +541,7 @@ class RMSNorm(nn.Module):
     parameter (eps None: machine epsilon of the working dtype), in float32 for narrower inputs.
     Ours because on a CPU PyTorch's rms_norm is a chain of elementwise kernels forward and
     backward: this form, one vector_norm pass, takes about 0.6x its time forward + backward at
-    (12, 64, 128) (README "Performance"); compiled, both fuse the same."""
+    (12, 64, 128) (docs/performance.md); compiled, both fuse the same."""
 
     def __init__(self, d, eps=None, elementwise_affine=True):
         super().__init__()
@@ -566,15 +567,38 @@ def make_norm(cfg, keeps_norm):
     return nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
 
 
+ROW_DOTS = (1 << 17, 1 << 19)  # `Linear` takes dot products for weights of [2^17, 2^19) elements
+
+
+class Linear(nn.Linear):
+    """nn.Linear; where MKL runs generic code (MKL_UNTUNED), the product of a single row with a
+    weight of ROW_DOTS size, as in each step of cached decoding, is one dot product per weight row.
+    MKL's matrix-vector product there runs on one core; an elementwise product and a sum run on
+    both, and below 2^19 elements their temporary stays in the two cores' L2 caches (2 MiB). One
+    cached decoding step on this project's CPU took 25% less time for the 16 x 256 model, 11% less
+    for 6 x 384. Dot products for every weight made the step of 4 x 128 (weights of 2^16 elements
+    and less, in cache) 24% slower, and that of GPT-2 124M's blocks (6 x 10^5 elements and more)
+    slower in four runs of five (docs/performance.md). Autocast keeps nn.Linear's product, whose
+    dtype it sets. The size comes from the shape: a parametrized weight is computed once."""
+
+    def forward(self, x):  # (..., in) -> (..., out)
+        if (MKL_UNTUNED and x.device.type == 'cpu' and x.numel() == x.shape[-1]
+                and ROW_DOTS[0] <= self.in_features * self.out_features < ROW_DOTS[1]
+                and not torch.is_autocast_enabled('cpu')):
+            y = torch.linalg.vecdot(self.weight, x.reshape(1, -1)).view(x.shape[:-1] + (-1,))
+            return y if self.bias is None else y + self.bias
+        return super().forward(x)
+
+
 class SelfAttention(nn.Module):
     """Multi-head self-attention; `causal` is set by the model that builds the Block."""
 
     def __init__(self, cfg, causal):
         super().__init__()
-        self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
+        self.c_attn = Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
         if cfg.qkv != 'dense':
             parametrize.register_parametrization(self.c_attn, 'weight', OrthogonalQKV(cfg.qkv))
-        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.c_proj = Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.resid_dropout = nn.Dropout(cfg.dropout)
         self.n_head, self.dropout, self.causal = cfg.n_head, cfg.dropout, causal
 
@@ -602,15 +626,15 @@ class SelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg):
         super().__init__()
-        self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
+        self.c_fc = Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
         self.act = nn.ReLU() if cfg.activation == 'relu' else nn.GELU()
-        self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.c_proj = Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x):  # (..., C)
         # flattened: compiled for a CPU, inductor saves the ReLU mask of a 3-D activation as a
         # bool tensor, whose stores and loads are slow there (2.5 ms per layer in a 50 ms step of
-        # config/cpu.py, README "Performance"); of a 2-D one it saves the output instead
+        # config/cpu.py, docs/performance.md); of a 2-D one it saves the output instead
         h = self.act(self.c_fc(x.flatten(0, -2)))  # (N, 4C)
         return self.dropout(self.c_proj(h)).view_as(x)
 
@@ -719,7 +743,7 @@ class GPT(Trunk, nn.Module):
         self.wpe = nn.Embedding(config.block_size, d)
         self.drop = nn.Dropout(config.dropout)
         self.build_trunk(config, causal=True)
-        self.lm_head = nn.Linear(d, config.vocab_size, bias=False)
+        self.lm_head = Linear(d, config.vocab_size, bias=False)
         if config.tie_weights:
             self.wte.weight = self.lm_head.weight
         self.init_weights()
@@ -774,7 +798,7 @@ class GPT(Trunk, nn.Module):
         faster on CPU; the tokens come back as an ordinary tensor.
         compile=True runs the forwards that repeat (each cached token; each window, uncached)
         through torch.compile with dynamic shapes, which on a CPU removes most of a cached step's
-        per-call overhead (README "Performance"). The first call compiles, which takes tens of
+        per-call overhead (docs/performance.md). The first call compiles, which takes tens of
         seconds on a CPU; later calls reuse the compiled code.
         """
         block, shift = self.config.block_size, self.window_shift(shift)
@@ -818,7 +842,7 @@ class ViT(Trunk, nn.Module):
         self.pos_emb = nn.Parameter(torch.zeros(1, (config.image_size // p) ** 2 + 1, d))
         self.drop = nn.Dropout(config.dropout)
         self.build_trunk(config, causal=False)
-        self.head = nn.Linear(d, config.n_classes)
+        self.head = Linear(d, config.n_classes)
         self.init_weights()
 
     @torch.no_grad()

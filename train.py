@@ -68,7 +68,7 @@ def keep_freed_memory(device):
     trims the heap's top on free, by thresholds it adjusts as it goes, so a CPU step faults part of
     its activations in again, page by page, every step: up to 2,150 faults a step of
     config/cpu.py here, about 2 us each, and a speed that changes from run to run with the
-    thresholds' history (README "Performance"). Fixed thresholds (mallopt) serve every allocation
+    thresholds' history (docs/performance.md). Fixed thresholds (mallopt) serve every allocation
     below 1 GiB from a heap that is never trimmed, as PyTorch's caching allocator keeps GPU
     memory; the process holds its peak memory. Returns whether glibc took both settings (False
     for other devices, other C libraries and other systems)."""
@@ -112,7 +112,7 @@ def make_optimizer(model, cfg, device_type):
     behind orthogonal Q/K/V (decaying it pulls Q, K, V towards the identity, not towards zero).
     Fused on CUDA and on CPU: one kernel for all parameters, no host sync for the scaler's skip,
     and on this project's CPU 4x faster than the per-parameter loop PyTorch uses by default there
-    (README "Performance")."""
+    (docs/performance.md)."""
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     decay = [p for n, p in params if p.dim() >= 2 and '.parametrizations.' not in n]
     no_decay = [p for n, p in params if p.dim() < 2 or '.parametrizations.' in n]

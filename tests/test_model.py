@@ -7,7 +7,7 @@ import warnings
 import pytest
 import torch
 
-from model import (GPT, AdditiveUpdate, DecodeCache, GPTConfig, OrthogonalQKV, OrthogonalUpdate, RMSNorm,
+from model import (GPT, AdditiveUpdate, DecodeCache, GPTConfig, Linear, OrthogonalQKV, OrthogonalUpdate, RMSNorm,
                    RotationUpdate, _Cayley, inverse, maps_held, maps_once_per_step, mkl_untuned)
 
 
@@ -247,6 +247,64 @@ def test_rmsnorm_is_torchs(eps, affine):
     with warnings.catch_warnings():
         warnings.simplefilter('ignore')  # nn.RMSNorm: "Mismatch dtype between input and weight"
         torch.testing.assert_close(ours.float()(xh), theirs.float()(xh))
+
+
+def count_dot_products(monkeypatch, sizes):
+    """Make Linear take dot products for weights of `sizes` on any machine; returns their calls."""
+    monkeypatch.setattr('model.MKL_UNTUNED', True)
+    monkeypatch.setattr('model.ROW_DOTS', sizes)
+    calls, vecdot = [], torch.linalg.vecdot
+    monkeypatch.setattr(torch.linalg, 'vecdot', lambda *a, **k: calls.append(a[0].shape) or vecdot(*a, **k))
+    return calls
+
+
+@pytest.mark.parametrize('bias', [False, True])
+def test_linear_multiplies_a_single_row_by_dot_products(bias, monkeypatch):
+    """Where MKL runs generic code, Linear's product of one row with a weight of ROW_DOTS size is
+    nn.Linear's, value and gradients (float64), eager and compiled; several rows, smaller and
+    larger weights and autocast keep nn.Linear's product."""
+    calls = count_dot_products(monkeypatch, (40, 100))
+    torch.manual_seed(0)
+    lin = Linear(8, 6, bias=bias).double()  # 48 elements
+    compiled = torch.compile(lin, backend='aot_eager', fullgraph=True)
+    for shape in [(8,), (1, 8), (1, 1, 8)]:
+        x = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+        ref = torch.nn.functional.linear(x, lin.weight, lin.bias)
+        for y in (lin(x), compiled(x)):
+            assert y.shape == ref.shape
+            torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
+            g = torch.randn_like(ref)
+            for a, b in zip(torch.autograd.grad(y, [x, *lin.parameters()], g),
+                            torch.autograd.grad(ref, [x, *lin.parameters()], g, retain_graph=True)):
+                torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert len(calls) == 6
+    Linear(8, 5)(torch.randn(8))  # 40 elements: the range's first
+    assert len(calls) == 7
+    lin(torch.randn(2, 8, dtype=torch.float64))
+    Linear(13, 3)(torch.randn(13))  # 39
+    Linear(10, 10)(torch.randn(10))  # 100: past the range
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        assert lin.float()(torch.randn(1, 8)).dtype == torch.bfloat16
+    assert len(calls) == 7
+
+
+def test_decoding_one_sequence_by_dot_products(monkeypatch):
+    """Cached decoding of a single sequence, where every Linear takes dot products, gives the full
+    forward's logits (float64); the parametrized Q/K/V weight is computed once per product."""
+    calls = count_dot_products(monkeypatch, (1, 1 << 30))
+    model = GPT(tiny(residual='rotation', qkv='cayley')).double().eval()
+    maps = []
+    model.blocks[0].attn.c_attn.parametrizations.weight[0].register_forward_hook(lambda *a: maps.append(1))
+    idx = torch.randint(11, (1, 16))
+    model(idx[:, :1])
+    assert len(maps) == 1  # a single row computes the Cayley map once, not once more for its size
+    calls.clear()
+    full, _ = model(idx)
+    with torch.inference_mode(), maps_held(model):
+        cache = DecodeCache(model.config.block_size)
+        pieces = [model(idx[:, :5], cache=cache)[0]] + [model(idx[:, t:t + 1], cache=cache)[0] for t in range(5, 16)]
+    torch.testing.assert_close(torch.cat(pieces, 1), full, rtol=0, atol=1e-10)
+    assert len(calls) == 11 * (4 * model.config.n_layer + 1)
 
 
 def test_global_mode_needs_sequences():
