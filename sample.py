@@ -21,7 +21,7 @@ import torch
 import checkpoint
 import configure
 from model import GPT
-from train import keep_freed_memory
+from train import keep_freed_memory, resolve_device
 
 
 def make_codec(meta):
@@ -62,9 +62,7 @@ def main(argv=None):
         sys.exit(f"error: --top_k={args.top_k} must be at least 1")
 
     name = args.ckpt or ('best.pt' if os.path.exists(os.path.join(args.out_dir, 'best.pt')) else 'ckpt.pt')
-    device = args.device if args.device != 'auto' else ('cuda' if torch.cuda.is_available() else 'cpu')
-    if device.startswith('cuda') and not torch.cuda.is_available():
-        sys.exit(f"error: --device={device} but no CUDA GPU is visible; use --device=cpu")
+    device = resolve_device(args.device)
     keep_freed_memory(device)
     try:
         ckpt = checkpoint.load(os.path.join(args.out_dir, name), map_location=device)
