@@ -20,40 +20,34 @@ with --compile, generate(compile=True) in both, after one untimed generation of 
 compiles every shape the timed ones meet.
 --rules times forward + backward of each piece a variant adds, alone, at the config's shape: the
 update rule on (batch_size, block_size, n_embd) tensors, the orthogonal Q/K/V map of one layer, and
-every layer's maps in one batched call (as training computes them); on a CPU also the batched
-maps' inverse alone (forward only), as one LAPACK call and by blocks (model.inverse; which one the
-maps use depends on the CPU, see INVERSE_LEAF).
+every layer's maps in one batched call (as training computes them).
+The variants are every residual rule in model.RESIDUALS (with dense Q/K/V) and every orthogonal
+Q/K/V map in model.QKV_MAPS (with the additive rule).
 """
 
 import argparse
-import contextlib
 import os
 import resource
 import time
 from dataclasses import replace
+from statistics import median_high as median  # a value that was measured, never an average of two
 
 import torch
 
 import configure
 import diagnostics
-from model import BLOCK_LEAF, INVERSE_LEAF, RESIDUALS, OrthogonalQKV, identity_plus_skew, inverse
 from guards import StepScaler, seed_all
+from model import QKV_MAPS, RESIDUALS, OrthogonalQKV
 from tasks import DataError, make_task
-from train import keep_freed_memory, make_optimizer, resolve_device, resolve_dtype, train_step
+from training import autocast, make_optimizer, resolve_device, resolve_dtype, train_step
 
-VARIANTS = {
-    'additive': dict(residual='additive', qkv='dense'),
-    'orthogonal': dict(residual='orthogonal', qkv='dense'),
-    'rotation': dict(residual='rotation', qkv='dense'),
-    'cayley': dict(residual='additive', qkv='cayley'),
-    'exp': dict(residual='additive', qkv='exp'),
-}
 PEAK_TFLOPS = {'H100': 989.0, 'H200': 989.0, 'A100': 312.0, 'L4': 121.0, 'A10': 125.0}  # bf16 dense
 
 
-def median(xs):
-    """The upper median: a value that was measured, never an average of two."""
-    return sorted(xs)[len(xs) // 2]
+def variants():
+    """{variant: its config keys}: every residual rule registered now, then every Q/K/V map."""
+    return {**{name: dict(residual=name, qkv='dense') for name in RESIDUALS},
+            **{kind: dict(residual='additive', qkv=kind) for kind, f in QKV_MAPS.items() if f is not None}}
 
 
 def paired_overhead(times, reference):
@@ -85,8 +79,7 @@ class Runner:
         self.compile = compile_model
         self.model = torch.compile(self.raw) if compile_model else self.raw
         self.optimizer = make_optimizer(self.raw, cfg, self.device_type)
-        self.autocast = (contextlib.nullcontext() if dtype == 'float32'
-                         else torch.autocast(self.device_type, dtype=getattr(torch, dtype)))
+        self.autocast = autocast(self.device_type, dtype)
         self.scaler = StepScaler(self.device_type, dtype)
         self.x, self.y = self.task.batch
 
@@ -145,7 +138,7 @@ class Runner:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('config', nargs='*', help='config files and --key=value overrides, as for train.py')
-    p.add_argument('--variants', default='additive,orthogonal,rotation,cayley', help=','.join(VARIANTS))
+    p.add_argument('--variants', default=','.join(variants()), help=f"any of {','.join(variants())} (default: all)")
     p.add_argument('--steps', type=int, default=20, help='iterations per timed round')
     p.add_argument('--repeats', type=int, default=7, help='timed rounds per variant')
     p.add_argument('--warmup', type=int, default=5, help='untimed iterations per variant first')
@@ -162,15 +155,15 @@ def main(argv=None):
         base = configure.load(args.config + rest)
     except configure.ConfigError as e:
         raise SystemExit(f"error: config: {e}")
-    unknown = [v for v in args.variants.split(',') if v not in VARIANTS]
+    known = variants()
+    unknown = [v for v in args.variants.split(',') if v not in known]
     if unknown:
-        raise SystemExit(f"error: unknown variant(s) {unknown}; choose from {', '.join(VARIANTS)}")
+        raise SystemExit(f"error: unknown variant(s) {unknown}; choose from {', '.join(known)}")
     device = resolve_device(base.device)
     dtype = resolve_dtype(base.dtype, device.split(':')[0])
-    keep_freed_memory(device)  # as train.py runs
     if args.rules:
         return bench_rules(base, device, args)
-    runners = {v: Runner(replace(base, **VARIANTS[v]), device, dtype, args.compile)
+    runners = {v: Runner(replace(base, **known[v]), device, dtype, args.compile)
                for v in args.variants.split(',')}
     if args.sample:
         return bench_sampling(runners, args)
@@ -253,15 +246,11 @@ def bench_rules(cfg, device, args):
     x, u, g = (torch.randn(shape, device=device, requires_grad=i < 2) for i in range(3))
     w = torch.randn(3 * d, d, device=device).mul_(0.02).requires_grad_()
     ws = torch.randn(cfg.n_layer, 3 * d, d, device=device).mul_(0.02).requires_grad_()  # as batched_maps stacks them
-    pieces = {f'{name} update': (lambda r=rule(): r(x, u).backward(g)) for name, rule in RESIDUALS.items()}
-    for kind in ('cayley', 'exp'):
+    pieces = {f'{name} update': (lambda r=rule.from_config(cfg, 0, True).to(device): r(x, u).backward(g))
+              for name, rule in RESIDUALS.items()}
+    for kind in (k for k, f in QKV_MAPS.items() if f is not None):
         pieces[f'{kind} Q/K/V map, one layer'] = lambda m=OrthogonalQKV(kind): m(w).sum().backward()
         pieces[f'{kind} Q/K/V maps, {cfg.n_layer} layers batched'] = lambda m=OrthogonalQKV(kind): m(ws).sum().backward()
-    if device == 'cpu':
-        m = identity_plus_skew(ws.detach().view(-1, d, d))
-        for leaf, how in ((0, 'one LAPACK call'), (BLOCK_LEAF, f'blocks of {BLOCK_LEAF}')):
-            mark = ' (the maps\' choice here)' if leaf == INVERSE_LEAF else ''
-            pieces[f'inverse alone, forward only, {how}{mark}'] = lambda leaf=leaf: inverse(m, leaf)
     sync = torch.cuda.synchronize if device.startswith('cuda') else (lambda: None)
     times = {k: [] for k in pieces}
     for _ in range(args.repeats):

@@ -12,7 +12,9 @@ runs are not rerun, interrupted ones resume from their checkpoint, failed ones s
 --nproc runs that many at once (CPU threads are split between them; with several GPUs each run
 gets one, in turn). Ctrl-C or SIGTERM stops the runs at their next step with a checkpoint.
 
-Switching mid-training ([Oh] Sec. 4.3 and App. C.3, L->O and O->L):
+Switching mid-training (G. Oh et al., "Revisiting Residual Connections: Orthogonal Updates for
+Stable and Efficient Deep Networks", NeurIPS 2025, arXiv:2505.11881, Sec. 4.3 and App. C.3: L->O
+and O->L):
     python compare.py config/vit_fashion_add.py config/vit_fashion_ortho.py --seeds=3 \\
         --switch residual=additive,orthogonal --switch_at=1300 [--switch_reset]
 trains each config x setting x seed once up to --switch_at (folder NAME-first<ITER>-sS), then
@@ -43,11 +45,11 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import fields
+
+import torch
 
 import configure
-import model
-from train import resume_problems
+from training import resume_problems
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 SEEDS = [1337] + list(range(1, 100))
@@ -73,7 +75,6 @@ def plan(args, extra):
     with configure.load first, so a typo stops the comparison before any run starts."""
     settings = list(itertools.product(*[parse_set(s) for s in args.set])) or [()]
     switches = list(itertools.product(*[parse_set(s) for s in args.switch])) if args.switch else []
-    model_keys = {f.name for c in (model.GPTConfig, model.ViTConfig) for f in fields(c)}
     runs = []
 
     def add(group, seed, name, argv, **extra_fields):
@@ -106,7 +107,7 @@ def plan(args, extra):
                               f"{stem}-then-{'-'.join(f'{k}{v}' for k, v in switch)}-s{seed}",
                               [*argv, *(f'--{k}={v}' for k, v in switch), f'--lr_decay_iters={decay}'],
                               after=first, reset=args.switch_reset)
-                    problems = resume_problems(first['cfg'], run['cfg'], model_keys)
+                    problems = resume_problems(first['cfg'], run['cfg'])
                     if problems:
                         raise SystemExit(f"error: --switch: {run['name']} cannot continue {first['name']}: "
                                          + '; '.join(problems))
@@ -140,12 +141,7 @@ def execute(runs, nproc):
             print(f"{r['name']}: finished before, kept")
     env = dict(os.environ)
     env.setdefault('OMP_NUM_THREADS', str(max(1, (os.cpu_count() or 1) // nproc)))
-    gpus = 0
-    try:
-        import torch
-        gpus = torch.cuda.device_count()
-    except ImportError:
-        pass
+    gpus = torch.cuda.device_count()
     running = []
 
     def terminate(signum, frame):  # Ctrl-C in a terminal reaches the runs by itself, SIGTERM does not
@@ -258,11 +254,11 @@ def summarise(runs):
             wall = None if first_wall is None else wall + first_wall
         unit = next((k[:-len('_per_s')] for x in log for k in x if k.endswith('_per_s')), None)
         g['unit'] = unit
-        rates = sorted(x[f'{unit}_per_s'] for x in log if f'{unit}_per_s' in x)
+        rates = [x[f'{unit}_per_s'] for x in log if f'{unit}_per_s' in x]
         g['ok'].append(dict(
             seed=r['seed'], best=min(x['val_loss'] for x in evals), final=evals[-1]['val_loss'],
             top1=evals[-1].get('top1'), top5=evals[-1].get('top5'),
-            rate=rates[len(rates) // 2] if rates else None, wall=wall,
+            rate=statistics.median_high(rates) if rates else None, wall=wall,
             curve=curve(evals)))
     return groups
 
@@ -281,7 +277,7 @@ def table(groups):
             cells += [mean_std([r['top1'] for r in ok if r['top1'] is not None], '{:.2f}'),
                       mean_std([r['top5'] for r in ok if r['top5'] is not None], '{:.2f}')]
         rates = [r['rate'] for r in ok if r['rate'] is not None]
-        cells += [f"{statistics.median(rates):,.0f} {g['unit']}/s" if rates else '-',
+        cells += [f"{statistics.median_high(rates):,.0f} {g['unit']}/s" if rates else '-',
                   f"{statistics.mean(walls):.0f} s" if (walls := [r['wall'] for r in ok if r['wall'] is not None]) else '-']
         lines.append('| ' + ' | '.join(cells) + ' |')
         notes += [f"- `{name}` failed ({why}): {tail}" for name, why, tail in g['failed']]
@@ -337,7 +333,7 @@ def parse_args(argv):
     p.add_argument('--switch_at', type=int, help='iteration of the switch')
     p.add_argument('--switch_reset', action='store_true', help='first phase a complete run; fresh AdamW and schedule after the switch')
     p.add_argument('--nproc', type=int, default=1, help='runs at once')
-    p.add_argument('--out', default='compare-out', help='folder for the runs, results.md and curves.png')
+    p.add_argument('--out', default='out-compare', help='folder for the runs, results.md and curves.png')
     args, extra = p.parse_known_args(argv)
     bad = [a for a in extra if not a.startswith('--') or '=' not in a]
     if bad:

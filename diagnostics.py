@@ -1,15 +1,15 @@
 """Measurements of the residual stream, through hooks on the update modules (forward(x, u)).
 
 Residual layer l = 1 .. 2L is the output of the l-th update (attention of block 0, MLP of block
-0, attention of block 1, ...), x^(l) in the Orthogonal Transformer paper's notation.
+0, attention of block 1, ...), x^(l) in the notation of "The Orthogonal Transformer" (preprint,
+no arXiv id). "Oh et al." below: G. Oh et al., "Revisiting Residual Connections: Orthogonal Updates for Stable and Efficient Deep
+Networks", NeurIPS 2025, arXiv:2505.11881.
 """
 
 import math
 from contextlib import contextmanager
 
 import torch
-
-from model import RotationUpdate
 
 
 def updates(model):
@@ -44,8 +44,9 @@ STATS = ('stream_sq', 'par_sq', 'perp_sq', 'cos', 'theta')
 @torch.no_grad()
 def update_stats(model, idx):
     """Per update, means over tokens of ||x||^2, ||f_par||^2, ||f_perp||^2 and cos(x, f), f the
-    branch output (Oh et al. Sec. 3.5, App. D), and the rotation angle theta = ||f_perp||/sqrt(d)
-    (the Orthogonal Transformer's; NaN for other rules). One forward pass on idx (B, T), in the
+    branch output (Oh et al. Sec. 3.5, App. D), and theta = ||f_perp|| / ||x||: on the sphere
+    ||x|| = sqrt(d) the angle the Orthogonal Transformer's rotation turns x by, for any rule the
+    size of the tangential update relative to the stream. One forward pass on idx (B, T), in the
     model's current mode; returns a (2L, 5) float32 device tensor, rows in layer order."""
     rows = [None] * (2 * len(model.blocks))
 
@@ -55,9 +56,8 @@ def update_stats(model, idx):
             xx, uu, xu = (x * x).sum(-1), (u * u).sum(-1), (x * u).sum(-1)  # (B, T)
             par = xu * xu / xx
             perp = (uu - par).clamp_min(0)
-            theta = (perp / x.shape[-1]).sqrt().mean() if isinstance(module, RotationUpdate) else torch.tensor(
-                float('nan'), device=x.device)
-            rows[l] = torch.stack([xx.mean(), par.mean(), perp.mean(), (xu / (xx * uu).sqrt()).mean(), theta])
+            theta = (perp / xx).sqrt()
+            rows[l] = torch.stack([xx.mean(), par.mean(), perp.mean(), (xu / (xx * uu).sqrt()).mean(), theta.mean()])
         return pre_hook
     handles = [m.register_forward_pre_hook(hook(l)) for l, (_, _, m) in enumerate(updates(model))]
     try:

@@ -73,9 +73,14 @@ class NonFinite:
         return count, first, streak, names
 
 
+class Interrupted(Exception):
+    """Raised between the batches of an evaluation that a signal cut short; args[0] is the signal."""
+
+
 class Interrupt:
-    """SIGINT and SIGTERM ask training to stop at the next step boundary; a second one acts as
-    usual (Ctrl-C twice still kills). Under DDP the processes agree through one all_reduce."""
+    """SIGINT and SIGTERM ask training to stop at the next step boundary, or after the current
+    batch of an evaluation; a second one acts as usual (Ctrl-C twice still kills). Under DDP the
+    processes agree through one all_reduce."""
 
     def __init__(self):
         self.signum, self.handlers = 0, {}
@@ -98,3 +103,9 @@ class Interrupt:
         flag = torch.tensor(self.signum, device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return int(flag.item())
+
+    def check(self, ddp, device):
+        """Raise Interrupted if the processes agree that a signal came."""
+        signum = self.agreed(ddp, device)
+        if signum:
+            raise Interrupted(signum)

@@ -1,7 +1,7 @@
 """Validation curves of runs, from their log.jsonl, in one figure (drawn as compare.py draws them).
 
-    python plot_curves.py out-shakespeare-add out-shakespeare-rot --out curves.png
-    python plot_curves.py docs/h100_shakespeare/*.jsonl --out docs/h100_shakespeare.png
+    python plot_curves.py out-shakespeare-add out-shakespeare-rot --out out-plots/curves.png
+    python plot_curves.py docs/h100_shakespeare/*.jsonl --out out-plots/h100_shakespeare.png
 
 Each argument is a run's out_dir or a copy of its log.jsonl; the legend names it by its folder
 or file name. A run with no evaluation logged is skipped with a message.
@@ -16,7 +16,7 @@ from compare import curve, plot, read_log
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('runs', nargs='+', help="out_dir of each run, or its log.jsonl")
-    p.add_argument('--out', default='curves.png', help='the PNG to write')
+    p.add_argument('--out', default='out-plots/curves.png', help='the PNG to write')
     args = p.parse_args(argv)
     groups = {}
     for run in args.runs:
@@ -26,6 +26,7 @@ def main(argv=None):
             continue
         name = os.path.basename(os.path.normpath(run)).removesuffix('.jsonl')
         groups[name] = {'ok': [dict(top1=evals[-1].get('top1'), curve=curve(evals))]}
+    os.makedirs(os.path.dirname(args.out) or '.', exist_ok=True)
     plot(groups, args.out)
 
 

@@ -1,10 +1,13 @@
-"""Training dynamics per block, from runs trained with --dynamics=True (Oh et al. Fig. 3, Fig. 10).
+"""Training dynamics per block, from runs trained with --dynamics=True: Fig. 3 and Fig. 10 of
+G. Oh et al., "Revisiting Residual Connections: Orthogonal Updates for Stable and Efficient Deep
+Networks", NeurIPS 2025, arXiv:2505.11881.
 
-    python plot_dynamics.py out-shakespeare-add-cpu out-shakespeare-ortho-cpu --out dynamics
+    python plot_dynamics.py out-shakespeare-add-cpu out-shakespeare-ortho-cpu --out out-plots/dynamics
 
 Reads OUT_DIR/dynamics.jsonl and OUT_DIR/log.jsonl of each run and writes, per statistic
-(stream norm ||x||^2, ||f_par||^2, ||f_perp||^2, cos(x, f), and the rotation angle theta where a
-run has it), OUT_<stat>.png: attention and MLP rows, one column per block, one colour per run;
+(stream norm ||x||^2, ||f_par||^2, ||f_perp||^2, cos(x, f), and theta = ||f_perp|| / ||x||, the
+rotation angle on the sphere), OUT_<stat>.png: attention and MLP rows, one column per block, one
+colour per run;
 and OUT_effective_rank.png, the effective rank of the final representation at each evaluation.
 """
 
@@ -15,7 +18,7 @@ import os
 from diagnostics import STATS
 
 TITLES = {'stream_sq': '||x||²', 'par_sq': '||f_par||²', 'perp_sq': '||f_perp||²', 'cos': 'cos(x, f)',
-          'theta': 'rotation angle θ'}
+          'theta': 'θ = ||f_perp|| / ||x||'}
 
 
 def read(out_dir, name):
@@ -35,19 +38,20 @@ def label(out_dir):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('runs', nargs='+', help='out_dir of each run')
-    p.add_argument('--out', default='dynamics', help='prefix of the PNG files')
+    p.add_argument('--out', default='out-plots/dynamics', help='prefix of the PNG files')
     args = p.parse_args(argv)
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
 
     runs = [(read(d, 'dynamics.jsonl'), read(d, 'log.jsonl')) for d in args.runs]
+    os.makedirs(os.path.dirname(args.out) or '.', exist_ok=True)
     runs = [(label(d), records, log) for d, (records, log) in zip(args.runs, runs)]
     n_blocks = max(len(records[0]['attn']['cos']) for _, records, _ in runs)
     written = []
     for stat in STATS:
         if not any(v is not None for _, records, _ in runs for v in records[0]['attn'][stat]):
-            continue  # theta exists only for rotation runs
+            continue  # a statistic no run measured (logs of older runs)
         fig, axes = plt.subplots(2, n_blocks, figsize=(2.6 * n_blocks, 5), squeeze=False, sharex=True)
         for row, sub in enumerate(('mlp', 'attn')):
             for block in range(n_blocks):

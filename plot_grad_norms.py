@@ -1,4 +1,4 @@
-"""Layer-wise gradient norms, per variant: the Orthogonal Transformer paper's figure.
+"""Layer-wise gradient norms, per variant: the figure of "The Orthogonal Transformer" (preprint, no arXiv id).
 
     python plot_grad_norms.py config/shakespeare_add.py config/shakespeare_rot.py --sigma_w=0.2,0.4,0.6,0.8,1.0
     python plot_grad_norms.py config/shakespeare_rot.py --step=500 --batch_size=16   # after 500 steps
@@ -27,8 +27,8 @@ import configure
 import diagnostics
 from guards import StepScaler, seed_all
 from model import RESIDUALS
-from tasks import DataError, make_task
-from train import get_lr, make_optimizer, resolve_device, train_step
+from tasks import DataError, make_task, progress
+from training import get_lr, make_optimizer, resolve_device, train_step
 
 
 def build(cfg, step, ckpt_path):
@@ -52,6 +52,21 @@ def build(cfg, step, ckpt_path):
     return model, task
 
 
+def load_config(path, sigma, seed, overrides, ckpt_path):
+    """The config of one measurement: a config file, or a checkpoint's own config, with overrides."""
+    extra = overrides + [f'--seed={1337 + seed}'] + ([f'--sigma_w={sigma}'] if sigma is not None else [])
+    try:
+        if path is None:
+            cfg = configure.load(extra, base=configure.from_dict(checkpoint.load(ckpt_path)['config']))
+        else:
+            cfg = configure.load([path] + extra)
+    except (configure.ConfigError, checkpoint.CheckpointError) as e:
+        raise SystemExit(f"error: {e}")
+    if sigma is not None and cfg.init != 'sigma':
+        raise SystemExit(f"error: --sigma_w sweeps the 'sigma' initialisation, but {path} uses init={cfg.init!r}")
+    return cfg
+
+
 def measure(model, task, batches):
     """(2L, batches) gradient norms, one column per batch."""
     cols = []
@@ -73,7 +88,7 @@ def main(argv=None):
     p.add_argument('--seeds', type=int, default=3, help='initialisations to average over')
     p.add_argument('--step', type=int, default=0, help='train this many steps from initialisation first')
     p.add_argument('--ckpt', default=None, help='measure this checkpoint instead (one config: its own)')
-    p.add_argument('--out', default='grad_norms', help='writes OUT.csv and OUT.png')
+    p.add_argument('--out', default='out-plots/grad_norms', help='writes OUT.csv and OUT.png')
     args, overrides = p.parse_known_args(argv)
     files = [c for c in args.configs if not c.startswith('--')]
     overrides += [c for c in args.configs if c.startswith('--')]
@@ -82,36 +97,30 @@ def main(argv=None):
             raise SystemExit("error: --ckpt measures one trained model: give neither config files nor --sigma_w")
         files = [None]
     sweep = [None] if args.sigma_w is None else [float(v) for v in args.sigma_w.split(',')]
+    jobs = [(path, sigma, seed) for path in files for sigma in sweep for seed in range(args.seeds)]
+    lines = {}  # (path, sigma) -> (config, per layer: the norms of every batch and seed)
+    with progress(jobs, 'measuring') as bar:
+        for path, sigma, seed in bar:
+            cfg = load_config(path, sigma, seed, overrides, args.ckpt)
+            model, task = build(cfg, args.step, args.ckpt)
+            norms = measure(model, task, args.batches)
+            cfg, samples = lines.get((path, sigma), (cfg, [[] for _ in norms]))
+            lines[path, sigma] = cfg, [a + b for a, b in zip(samples, norms)]
 
     rows, panels = [], {}
-    for path in files:
-        for sigma in sweep:
-            samples = None
-            for seed in range(args.seeds):
-                extra = overrides + [f'--seed={1337 + seed}'] + ([f'--sigma_w={sigma}'] if sigma is not None else [])
-                try:
-                    if path is None:
-                        cfg = configure.load(extra, base=configure.from_dict(checkpoint.load(args.ckpt)['config']))
-                    else:
-                        cfg = configure.load([path] + extra)
-                except (configure.ConfigError, checkpoint.CheckpointError) as e:
-                    raise SystemExit(f"error: {e}")
-                if sigma is not None and cfg.init != 'sigma':
-                    raise SystemExit(f"error: --sigma_w sweeps the 'sigma' initialisation, but {path} uses init={cfg.init!r}")
-                model, task = build(cfg, args.step, args.ckpt)
-                norms = measure(model, task, args.batches)
-                samples = norms if samples is None else [a + b for a, b in zip(samples, norms)]
-            name = os.path.splitext(os.path.basename(path or args.ckpt))[0]
-            label = f"sigma_w={cfg.sigma_w:g}" if cfg.init == 'sigma' else cfg.init
-            means = [statistics.fmean(s) for s in samples]
-            panels.setdefault(name, (cfg, []))[1].append((label, means))
-            for l, s in enumerate(samples):
-                rows.append({'config': name, 'residual': cfg.residual, 'qkv': cfg.qkv, 'init': cfg.init,
-                             'sigma_w': cfg.sigma_w, 'step': args.step, 'layer': l + 1, 'block': l // 2,
-                             'sublayer': ('attn', 'mlp')[l % 2], 'grad_norm': statistics.fmean(s),
-                             'std': statistics.stdev(s) if len(s) > 1 else 0.0})
-            print(f"{name} {label}: max/min over layers {max(means) / min(means):.2f}")
+    for (path, _), (cfg, samples) in lines.items():
+        name = os.path.splitext(os.path.basename(path or args.ckpt))[0]
+        label = f"sigma_w={cfg.sigma_w:g}" if cfg.init == 'sigma' else cfg.init
+        means = [statistics.fmean(s) for s in samples]
+        panels.setdefault(name, (cfg, []))[1].append((label, means))
+        for l, s in enumerate(samples):
+            rows.append({'config': name, 'residual': cfg.residual, 'qkv': cfg.qkv, 'init': cfg.init,
+                         'sigma_w': cfg.sigma_w, 'step': args.step, 'layer': l + 1, 'block': l // 2,
+                         'sublayer': ('attn', 'mlp')[l % 2], 'grad_norm': statistics.fmean(s),
+                         'std': statistics.stdev(s) if len(s) > 1 else 0.0})
+        print(f"{name} {label}: max/min over layers {max(means) / min(means):.2f}")
 
+    os.makedirs(os.path.dirname(args.out) or '.', exist_ok=True)
     with open(args.out + '.csv', 'w', newline='') as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()

@@ -21,7 +21,7 @@ import torch
 import checkpoint
 import configure
 from model import GPT
-from train import keep_freed_memory, resolve_device
+from training import resolve_device
 
 
 def make_codec(meta):
@@ -63,7 +63,6 @@ def main(argv=None):
 
     name = args.ckpt or ('best.pt' if os.path.exists(os.path.join(args.out_dir, 'best.pt')) else 'ckpt.pt')
     device = resolve_device(args.device)
-    keep_freed_memory(device)
     try:
         ckpt = checkpoint.load(os.path.join(args.out_dir, name), map_location=device)
         cfg = configure.from_dict(ckpt['config'])
@@ -72,11 +71,13 @@ def main(argv=None):
     if ckpt.get('meta') and 'itos' not in ckpt['meta']:
         sys.exit(f"error: {os.path.join(args.out_dir, name)} is an image classifier ({ckpt['meta'].get('dataset')}); "
                  f"sample.py generates text from language models")
-    if args.shift is not None and not 1 <= args.shift <= cfg.block_size:
-        sys.exit(f"error: --shift={args.shift} must lie in [1, {cfg.block_size}] (the model's block_size)")
     model = GPT(configure.model_config(cfg))
     model.load_state_dict(ckpt['model'])
     model.eval().to(device)
+    try:
+        model.window_shift(args.shift)
+    except ValueError as e:
+        sys.exit(f"error: --{e}")
 
     prompt = args.start
     if prompt.startswith('FILE:'):

@@ -9,12 +9,15 @@ resumed run draws the same batch again.
 """
 
 import json
+import math
 import os
-from dataclasses import fields, replace
+import sys
+from dataclasses import replace
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from tqdm import tqdm
 
 import configure
 from data import images, loader, shards
@@ -23,8 +26,18 @@ from model import GPT, GPTConfig, ViT, ViTConfig
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
 
+PROGRESS_DELAY = 2.0  # seconds before a progress bar shows: quick work prints nothing
+
+
 class DataError(RuntimeError):
     pass
+
+
+def progress(iterable, desc, total=None, show=True):
+    """iterable, with a progress bar and an ETA on stderr once it has run PROGRESS_DELAY seconds
+    (redrawn every second on a terminal, every 30 s in a log file)."""
+    return tqdm(iterable, desc=desc, total=total, disable=not show, delay=PROGRESS_DELAY, leave=False,
+                mininterval=1 if sys.stderr.isatty() else 30, dynamic_ncols=True)
 
 
 def data_dir(cfg):
@@ -33,6 +46,16 @@ def data_dir(cfg):
 
 def make_task(cfg, device, rank=0, world=1):
     return (ImageTask if cfg.dataset in images.DATASETS else LanguageTask)(cfg, device, rank, world)
+
+
+def model_classes(cfg):
+    """(model class, its config class): a ViT for an image dataset, else a GPT."""
+    return (ViT, ViTConfig) if cfg.dataset in images.DATASETS else (GPT, GPTConfig)
+
+
+def build_model(cfg):
+    model_cls, config_cls = model_classes(cfg)
+    return model_cls(configure.model_config(cfg, config_cls))
 
 
 def on_master_first(prepare, rank, world):
@@ -69,10 +92,8 @@ def check_tokens(path, meta, count_key, prepare_cmd):
 
 
 class Task:
-    model_config = GPTConfig
-
-    def model_keys(self):
-        return [f.name for f in fields(self.model_config)]
+    def model(self):
+        return build_model(self.cfg)
 
     def next_batch(self):
         """The pending batch; the following one is drawn now."""
@@ -131,7 +152,7 @@ class LanguageTask(Task):
             arrays = {split: [loader.open_tokens(p, is_shards) for p in paths[split]] for split in ('train', 'val')}
         except shards.ShardError as e:
             raise DataError(str(e)) from None
-        self.cfg, self.device = cfg, device
+        self.cfg, self.device, self.rank = cfg, device, rank
         self.items_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
         self.loader = loader.TokenWindows(arrays['train'], cfg.block_size, cfg.batch_size, cfg.seed, device, rank, world)
         self.eval_loaders = {split: loader.TokenWindows(a, cfg.block_size, cfg.batch_size, cfg.seed + 10_000, device,
@@ -147,9 +168,6 @@ class LanguageTask(Task):
     def load_data_state(self, state):
         self.loader.load_state_dict(state['loader'])
 
-    def model(self):
-        return GPT(configure.model_config(self.cfg, GPTConfig))
-
     def flops_per_item(self, model):
         """Per token: 6N for the matmuls of forward and backward (position embeddings do none),
         plus attention's 12 L T d (PaLM, appendix B)."""
@@ -160,24 +178,33 @@ class LanguageTask(Task):
         self.eval_loaders['val'].reset()
         return self.eval_loaders['val'].next()[0]
 
+    def eval_batches(self, eval_iters):
+        """Batches of batch_size items one evaluation reads."""
+        return 2 * eval_iters
+
     @torch.no_grad()
-    def evaluate(self, model, autocast, ddp, eval_iters):
+    def evaluate(self, model, autocast, ddp, eval_iters, check=lambda: None):
         """Mean loss per split over eval_iters batches; the loaders restart, so every evaluation
-        sees the same batches. Under DDP the processes draw distinct batches; the means are averaged."""
+        sees the same batches. Under DDP the processes draw distinct batches; the means are averaged.
+        check() runs before every batch (it raises to stop the evaluation)."""
         model.eval()
         out = {}
-        for split, batches in self.eval_loaders.items():
-            batches.reset()
-            total = torch.zeros((), device=batches.device)
-            for _ in range(eval_iters):
-                x, y = batches.next()
-                with autocast:
-                    _, loss = model(x, y)
-                total += loss.float()
-            if ddp:
-                dist.all_reduce(total, op=dist.ReduceOp.AVG)
-            out[f'{split}_loss'] = total.item() / eval_iters
-        model.train()
+        try:
+            for split, batches in self.eval_loaders.items():
+                batches.reset()
+                total = torch.zeros((), device=batches.device)
+                with progress(range(eval_iters), f"evaluating {split}", show=self.rank == 0) as bar:
+                    for _ in bar:
+                        check()
+                        x, y = batches.next()
+                        with autocast:
+                            _, loss = model(x, y)
+                        total += loss.float()
+                if ddp:
+                    dist.all_reduce(total, op=dist.ReduceOp.AVG)
+                out[f'{split}_loss'] = total.item() / eval_iters
+        finally:
+            model.train()
         return out
 
     def resume_problems(self, saved_cfg, saved_meta):
@@ -191,7 +218,6 @@ class LanguageTask(Task):
 
 class ImageTask(Task):
     unit = 'img'
-    model_config = ViTConfig
 
     def __init__(self, cfg, device, rank=0, world=1):
         folder = data_dir(cfg)
@@ -221,9 +247,6 @@ class ImageTask(Task):
         self.loader.load_state_dict(state['loader'])
         self.augment.load_state_dict(state['augment'])
 
-    def model(self):
-        return ViT(configure.model_config(self.cfg, ViTConfig))
-
     def flops_per_item(self, model):
         """Per image of T = patches + 1 tokens: 6 N T for the matmuls, plus attention's 12 L T^2 d."""
         c = self.cfg
@@ -236,25 +259,37 @@ class ImageTask(Task):
     def eval_inputs(self):
         return self.augment.normalize(self.test[0][:self.cfg.batch_size])
 
+    def eval_batches(self, eval_iters):
+        """Batches of batch_size images one evaluation reads: this process's share of the test split."""
+        return math.ceil(len(self.test[1]) / self.world / self.cfg.batch_size)
+
     @torch.no_grad()
-    def evaluate(self, model, autocast, ddp, eval_iters):
+    def evaluate(self, model, autocast, ddp, eval_iters, check=lambda: None):
         """Loss, top-1 and top-5 accuracy (%) over the whole test split, without augmentation;
-        under DDP each process takes every world-th image and the sums are added."""
+        under DDP each process takes every world-th image and the sums are added. check() runs
+        before every batch, as many times in every process (it raises to stop the evaluation)."""
         model.eval()
         images_, labels = (t[self.rank::self.world] for t in self.test)
         sums = torch.zeros(4, device=self.device)  # loss, top-1, top-5, count
-        k = min(5, self.cfg.n_classes)
-        for i in range(0, len(labels), 4 * self.cfg.batch_size):
-            x, y = self.augment.normalize(images_[i:i + 4 * self.cfg.batch_size]), labels[i:i + 4 * self.cfg.batch_size]
-            with autocast:
-                logits, _ = model(x)
-            logits = logits.float()
-            top = logits.topk(k, dim=-1).indices
-            sums += torch.stack([torch.nn.functional.cross_entropy(logits, y, reduction='sum'),
-                                 (top[:, 0] == y).sum().float(), (top == y[:, None]).any(-1).sum().float(),
-                                 torch.tensor(float(len(y)), device=self.device)])
+        k, size = min(5, self.cfg.n_classes), 4 * self.cfg.batch_size
+        starts = range(0, len(self.test[1]) // self.world + 1, size)
+        try:
+            with progress(starts, 'evaluating', show=self.rank == 0) as bar:
+                for i in bar:
+                    check()
+                    x, y = self.augment.normalize(images_[i:i + size]), labels[i:i + size]
+                    if not len(y):  # past this process's share: the others may hold one image more
+                        continue
+                    with autocast:
+                        logits, _ = model(x)
+                    logits = logits.float()
+                    top = logits.topk(k, dim=-1).indices
+                    sums += torch.stack([torch.nn.functional.cross_entropy(logits, y, reduction='sum'),
+                                         (top[:, 0] == y).sum().float(), (top == y[:, None]).any(-1).sum().float(),
+                                         torch.tensor(float(len(y)), device=self.device)])
+        finally:
+            model.train()
         if ddp:
             dist.all_reduce(sums)
         loss, top1, top5, n = sums.tolist()
-        model.train()
         return {'val_loss': loss / n, 'top1': 100 * top1 / n, 'top5': 100 * top5 / n}

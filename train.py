@@ -9,22 +9,24 @@ gradient_accumulation_steps counts the micro-steps of one optimizer step over al
 a step always sees gradient_accumulation_steps * batch_size * block_size tokens, and each of
 the N processes runs gradient_accumulation_steps / N of them (which must divide evenly).
 
-Stopping and resuming: Ctrl-C or SIGTERM saves a checkpoint at the next step boundary and
-exits 0; --init_from=resume continues from the newest checkpoint that verifies, exactly as if
-uninterrupted (same process count). A resumed run may switch residual between 'additive' and
-'orthogonal' (and change ortho_* or dropout), with --reset_optimizer=True to restart AdamW and
-the schedule there; the change is recorded in the checkpoint's history.
+Stopping and resuming: Ctrl-C or SIGTERM saves a checkpoint at the next step boundary (under
+DDP, at the next log line), or after the current batch of an evaluation, and exits 0;
+--init_from=resume continues from the newest checkpoint that verifies, exactly as if
+uninterrupted (same process count), running an interrupted evaluation again first. A resumed run may switch residual between rules that build
+the same parameters, such as 'additive' and 'orthogonal' (and change ortho_* or dropout), with
+--reset_optimizer=True to restart AdamW and the schedule there; the change is recorded in the
+checkpoint's history.
 """
 
-import ctypes
 import json
-import math
 import os
+import shlex
 import signal
+import statistics
 import sys
 import time
-from contextlib import nullcontext
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -33,135 +35,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import checkpoint
 import configure
 import diagnostics
-from guards import Interrupt, NonFinite, StepScaler, rng_state, seed_all, set_rng_state
-from model import maps_held, maps_once_per_step
+from guards import Interrupt, Interrupted, NonFinite, StepScaler, rng_state, seed_all, set_rng_state
+from model import maps_held
 from tasks import DataError, make_task
+from training import autocast, fail, get_lr, make_optimizer, resolve_device, resolve_dtype, resume_problems, train_step
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
-# model keys a resumed run may change: they choose the update rule or only the initial weights
-SWITCHABLE = {'residual', 'ortho_mode', 'ortho_eps', 'ortho_prob', 'ortho_layers', 'dropout', 'init',
-              'sigma_w', 'sigma_qk'}
 UNRECORDED = {'init_from', 'eval_only', 'reset_optimizer'}
-
-
-def fail(msg):
-    sys.exit(f"error: {msg}")
-
-
-def resolve_device(name):
-    if name == 'auto':
-        return 'cuda' if torch.cuda.is_available() else 'cpu'
-    if name.startswith('cuda') and not torch.cuda.is_available():
-        fail(f"--device={name} but torch {torch.__version__} sees no CUDA GPU "
-             f"({'a CPU-only build' if torch.version.cuda is None else 'none visible'}); use --device=cpu")
-    if name == 'mps' and not torch.backends.mps.is_available():
-        fail("--device=mps but MPS is not available here; use --device=cpu")
-    return name
-
-
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
-
-
-def keep_freed_memory(device):
-    """On a CPU device: keep the memory of freed tensors in the process for the next step's,
-    rather than hand it back to the kernel. glibc serves large allocations with fresh mmap pages and
-    trims the heap's top on free, by thresholds it adjusts as it goes, so a CPU step faults part of
-    its activations in again, page by page, every step: up to 2,150 faults a step of
-    config/cpu.py here, about 2 us each, and a speed that changes from run to run with the
-    thresholds' history (docs/performance.md). Fixed thresholds (mallopt) serve every allocation
-    below 1 GiB from a heap that is never trimmed, as PyTorch's caching allocator keeps GPU
-    memory; the process holds its peak memory. Returns whether glibc took both settings (False
-    for other devices, other C libraries and other systems)."""
-    if device.split(':')[0] != 'cpu' or not sys.platform.startswith('linux'):
-        return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    # older glibc refuses mmap thresholds above 32 MiB (HEAP_MAX_SIZE / 2); 2.36 takes 1 GiB
-    mmap = mallopt(M_MMAP_THRESHOLD, 1 << 30) or mallopt(M_MMAP_THRESHOLD, 32 << 20)
-    return bool(mmap and mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
-
-
-def resolve_dtype(name, device_type):
-    if name != 'auto':
-        return name
-    if device_type == 'cuda':
-        return 'bfloat16' if torch.cuda.is_bf16_supported() else 'float16'
-    return 'float32'
-
-
-def get_lr(it, cfg, start=0):
-    """Linear warmup over warmup_iters from `start` (0, or where the optimizer was reset),
-    then cosine decay to min_lr at lr_decay_iters."""
-    if not cfg.decay_lr:
-        return cfg.learning_rate
-    min_lr = cfg.learning_rate / 10 if cfg.min_lr is None else cfg.min_lr
-    decay_iters = (cfg.max_iters if cfg.lr_decay_iters is None else cfg.lr_decay_iters) - start
-    it -= start
-    if it < cfg.warmup_iters:
-        return cfg.learning_rate * (it + 1) / (cfg.warmup_iters + 1)
-    if it >= decay_iters:
-        return min_lr
-    ratio = (it - cfg.warmup_iters) / (decay_iters - cfg.warmup_iters)
-    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg.learning_rate - min_lr)
-
-
-def make_optimizer(model, cfg, device_type):
-    """AdamW; weight decay on matrices and embeddings, none on gains and biases, nor on the raw W
-    behind orthogonal Q/K/V (decaying it pulls Q, K, V towards the identity, not towards zero).
-    Fused on CUDA and on CPU: one kernel for all parameters, no host sync for the scaler's skip,
-    and on this project's CPU 4x faster than the per-parameter loop PyTorch uses by default there
-    (docs/performance.md)."""
-    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    decay = [p for n, p in params if p.dim() >= 2 and '.parametrizations.' not in n]
-    no_decay = [p for n, p in params if p.dim() < 2 or '.parametrizations.' in n]
-    groups = [{'params': decay, 'weight_decay': cfg.weight_decay}, {'params': no_decay, 'weight_decay': 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2),
-                             fused=device_type in ('cuda', 'cpu'))
-
-
-def resume_problems(saved, cfg, model_keys):
-    """Why this config cannot continue the saved model (empty if it can)."""
-    problems = []
-    for k in model_keys:
-        before, now = getattr(saved, k), getattr(cfg, k)
-        if before == now:
-            continue
-        if k == 'residual' and 'rotation' in (before, now):
-            problems.append(f"residual {before!r} -> {now!r}: 'rotation' builds another architecture (no norms "
-                            f"in the blocks, a weightless RMSNorm after the embeddings, no final norm), so its "
-                            f"weights do not carry over; switch between 'additive' and 'orthogonal' only")
-        elif k == 'block_size':
-            problems.append(f"block_size={now}: the checkpoint's position table has {before} positions; "
-                            f"resume with --block_size={before}")
-        elif k not in SWITCHABLE and k != 'vocab_size':  # the task explains a vocabulary change
-            problems.append(f"{k}={before!r} (saved) vs {now!r} (now)")
-    return problems
-
-
-def train_step(model, optimizer, scaler, next_batch, micro_steps, grad_clip, autocast, ddp=False):
-    """One optimizer step over micro_steps micro-batches from next_batch(); gradients average
-    over micro-batches (and, through DDP, over processes, synchronised on the last micro-step
-    only). A step with an inf/nan gradient is skipped by the scaler. Returns the last
-    micro-batch's loss and each parameter's gradient norm, as device tensors: nothing syncs."""
-    with maps_once_per_step(model, micro_steps) as before:
-        for micro_step in range(micro_steps):
-            x, y = next_batch()
-            before(micro_step)
-            with model.no_sync() if ddp and micro_step < micro_steps - 1 else nullcontext(), autocast:
-                _, loss = model(x, y)
-            scaler.scale(loss / micro_steps).backward()
-    scaler.unscale_(optimizer)
-    grads = [p.grad for group in optimizer.param_groups for p in group['params']]
-    norms = torch._foreach_norm(grads)  # what clip_grad_norm_ computes, kept per parameter
-    if grad_clip > 0:
-        total = torch.linalg.vector_norm(torch.stack(norms))
-        torch._foreach_mul_(grads, torch.clamp(grad_clip / (total + 1e-6), max=1.0))
-    scaler.step(optimizer)
-    scaler.update()
-    optimizer.zero_grad(set_to_none=True)
-    return loss.detach(), norms
+CPU_PATIENCE = 3600  # seconds: a CPU run expected to take longer is told of config/cpu.py
 
 
 def oom_advice(cfg, first):
@@ -224,6 +104,369 @@ def format_eta(seconds):
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
+def cpu_command(argv):
+    """The command of argv with config/cpu.py stacked after its config files; None if it has it."""
+    files, overrides = [a for a in argv if not a.startswith('--')], [a for a in argv if a.startswith('--')]
+    if any(os.path.basename(f) == 'cpu.py' for f in files):
+        return None
+    cpu = os.path.relpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'config', 'cpu.py'))
+    return shlex.join(['python', 'train.py', *files, cpu, *overrides])
+
+
+@dataclass
+class Env:
+    """Where this process runs: its rank among `world` processes, device, dtype and autocast."""
+    rank: int
+    local_rank: int
+    world: int
+    ddp: bool
+    device: str
+    dtype: str
+    autocast: Any
+
+    @property
+    def master(self):
+        return self.rank == 0
+
+    @property
+    def device_type(self):
+        return self.device.split(':')[0]
+
+
+def setup(cfg):
+    """This process's Env: joins torchrun's process group, picks device and dtype."""
+    device = resolve_device(cfg.device)
+    rank, local_rank, world = 0, 0, 1
+    ddp = 'RANK' in os.environ  # set by torchrun
+    if ddp:
+        rank, local_rank, world = (int(os.environ[k]) for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE'))
+        if device.startswith('cuda'):
+            device = f'cuda:{local_rank}'
+            torch.cuda.set_device(device)
+        dist.init_process_group('nccl' if device.startswith('cuda') else 'gloo')
+    if cfg.gradient_accumulation_steps % world:
+        fail(f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} is not divisible by the "
+             f"{world} processes; use a multiple of {world}")
+    device_type = device.split(':')[0]
+    dtype = resolve_dtype(cfg.dtype, device_type)
+    if device_type == 'cuda' and dtype == 'float32':  # else TF32 would only blur the orthogonal Q/K/V maps
+        torch.set_float32_matmul_precision('high')
+    if cfg.deterministic:
+        os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
+    return Env(rank, local_rank, world, ddp, device, dtype, autocast(device_type, dtype))
+
+
+def load_resume(cfg, task, env):
+    """(checkpoint, history, changes) to continue from, or (None, [], {}) for a run from scratch."""
+    if cfg.init_from == 'scratch':
+        if os.path.exists(os.path.join(cfg.out_dir, 'ckpt.pt')):
+            fail(f"{os.path.join(cfg.out_dir, 'ckpt.pt')} exists and a run from scratch would overwrite it; continue "
+                 f"it with --init_from=resume, or pick another --out_dir (or delete the old one)")
+        return None, [], {}
+    try:
+        ckpt, path, refused = checkpoint.load_latest(cfg.out_dir)
+    except checkpoint.CheckpointError as e:
+        fail(str(e))
+    if env.master:
+        for _, reason in refused:
+            print(f"warning: {reason}")
+        print(f"resuming from {path} (iteration {ckpt['iter_num']})")
+    saved = configure.from_dict(ckpt['config'])
+    problems = resume_problems(saved, cfg) + task.resume_problems(saved, ckpt.get('meta'))
+    if problems:
+        fail(f"cannot resume {path} with this config:\n  " + "\n  ".join(problems))
+    changes = {k: [v, getattr(cfg, k)] for k, v in asdict(saved).items()
+               if k not in UNRECORDED and v != getattr(cfg, k)}
+    return ckpt, ckpt.get('history', []), changes
+
+
+class Run:
+    """One training run: the model, its optimizer and counters, the logs, and what saves them."""
+
+    def __init__(self, cfg, task, env, ckpt, history, changes):
+        self.cfg, self.task, self.env, self.history = cfg, task, env, history
+        seed_all(cfg.seed)  # the same initial weights in every process
+        self.raw_model = task.model().to(env.device)
+        self.optimizer = make_optimizer(self.raw_model, cfg, env.device_type)
+        self.scaler = StepScaler(env.device_type, env.dtype)
+        self.iter_num, self.best_val_loss, self.schedule_start, self.last_eval = 0, float('inf'), 0, -1
+        seed_all(cfg.seed + env.rank)  # dropout and stochastic connections differ per process
+        if ckpt is not None:
+            self.restore(ckpt, changes)
+        self.start_iter = self.iter_num
+        self.model = self.raw_model
+        if cfg.compile if cfg.compile is not None else env.device_type == 'cuda':
+            self.model = torch.compile(self.model)
+        if env.ddp:
+            self.model = DDP(self.model, device_ids=[env.local_rank] if env.device_type == 'cuda' else None)
+        names = {p: n for n, p in self.raw_model.named_parameters()}
+        self.nonfinite = NonFinite([names[p] for g in self.optimizer.param_groups for p in g['params']], env.device)
+        self.open_logs()
+        self.interrupt = Interrupt()
+
+    def restore(self, ckpt, changes):
+        cfg, env = self.cfg, self.env
+        self.raw_model.load_state_dict(ckpt['model'])
+        self.iter_num, self.best_val_loss = ckpt['iter_num'], ckpt['best_val_loss']
+        self.last_eval = ckpt.get('last_eval', self.iter_num)  # an interrupted evaluation is run again
+        self.schedule_start = self.iter_num if cfg.reset_optimizer else ckpt.get('schedule_start', 0)
+        if not cfg.reset_optimizer:
+            self.optimizer.load_state_dict(ckpt['optimizer'])
+            if ckpt['scaler']:
+                self.scaler.load_state_dict(ckpt['scaler'])
+        streams = ckpt['streams']
+        if len(streams) == env.world:
+            self.task.load_state_dict(streams[env.rank]['data'])
+            set_rng_state(streams[env.rank]['rng'])
+        elif env.master:
+            print(f"note: checkpoint written by {len(streams)} processes, resuming on {env.world}: data streams re-seeded")
+        if changes or cfg.reset_optimizer:
+            self.history.append({'iter': self.iter_num, 'changes': changes, 'reset_optimizer': cfg.reset_optimizer})
+            if env.master:
+                print(f"at iteration {self.iter_num}: " + ', '.join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changes.items())
+                      + (" (optimizer and schedule reset)" if cfg.reset_optimizer else ""))
+
+    def open_logs(self):
+        cfg, env = self.cfg, self.env
+        self.wandb = self.log_file = self.dynamics_file = None
+        if not env.master:
+            return
+        os.makedirs(cfg.out_dir, exist_ok=True)
+        if not cfg.eval_only:
+            with open(os.path.join(cfg.out_dir, 'config.json'), 'w') as f:
+                json.dump(asdict(cfg), f, indent=1)
+        print(f"{self.raw_model.num_params() / 1e6:.2f}M parameters, residual={cfg.residual}, qkv={cfg.qkv}; "
+              f"{self.task.items_per_iter:,} {self.task.unit} per iteration; {env.world} process(es) on "
+              f"{env.device}, {env.dtype}")
+        if cfg.wandb_log:
+            import wandb
+            self.wandb = wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name, config=asdict(cfg),
+                                    dir=cfg.out_dir, mode=wandb_mode())
+        self.log_file = open_log(os.path.join(cfg.out_dir, 'log.jsonl'), self.start_iter)
+        if cfg.dynamics:
+            self.dynamics_file = open_log(os.path.join(cfg.out_dir, 'dynamics.jsonl'), self.start_iter)
+        if self.history and self.history[-1]['iter'] == self.start_iter:
+            self.log({'iter': self.start_iter, 'event': 'resume', **self.history[-1]})
+
+    def log(self, record, file=None):
+        if self.env.master:
+            file = file or self.log_file
+            file.write(json.dumps(record) + '\n')
+            file.flush()
+            if self.wandb is not None:
+                self.wandb.log(flatten(record), step=record['iter'])
+
+    def save(self, best):
+        """A checkpoint of every process's state, written by rank 0; best.pt too if best."""
+        cfg, env, raw = self.cfg, self.env, self.raw_model
+        mine = {'data': self.task.state_dict(), 'rng': rng_state(env.device_type),
+                'batch_starts': getattr(self.task.loader, 'last_starts', None),
+                'weights': torch.stack([p.detach().double().sum() for p in raw.parameters()]).cpu()}
+        streams = [mine]
+        if env.ddp:
+            streams = [None] * env.world
+            dist.all_gather_object(streams, mine)
+            if not all(torch.equal(s['weights'], mine['weights']) for s in streams):
+                fail(f"at iteration {self.iter_num} the {env.world} processes hold different weights: "
+                     f"DDP replicas diverged")
+        if not env.master:
+            return
+        path = os.path.join(cfg.out_dir, 'ckpt.pt')
+        checkpoint.save({'model': raw.state_dict(), 'optimizer': self.optimizer.state_dict(),
+                         'scaler': self.scaler.state_dict(), 'iter_num': self.iter_num,
+                         'best_val_loss': self.best_val_loss, 'schedule_start': self.schedule_start,
+                         'last_eval': self.last_eval,
+                         'history': self.history, 'streams': streams, 'config': json.dumps(asdict(cfg)),
+                         'meta': json.dumps(self.task.meta) if self.task.meta else None}, path)
+        checkpoint.snapshot(cfg.out_dir, self.iter_num, cfg.keep_last_n)
+        if best:
+            checkpoint.link(path, os.path.join(cfg.out_dir, 'best.pt'))
+
+    def evaluate(self):
+        """The task's metrics; a signal stops it between batches (guards.Interrupted)."""
+        env = self.env
+        with maps_held(self.model):
+            return self.task.evaluate(self.model, env.autocast, env.ddp, self.cfg.eval_iters,
+                                      lambda: self.interrupt.check(env.ddp, env.device))
+
+    def evaluate_and_save(self):
+        """An evaluation, logged, and a checkpoint of the iterations since the last one."""
+        metrics = self.evaluate()
+        best = metrics['val_loss'] < self.best_val_loss
+        self.best_val_loss, self.last_eval = min(self.best_val_loss, metrics['val_loss']), self.iter_num
+        record = {'iter': self.iter_num, **metrics}
+        if self.env.master and self.cfg.dynamics:  # Oh et al. App. D: effective rank of the final representation
+            self.raw_model.eval()
+            record['effective_rank'] = diagnostics.effective_rank(
+                diagnostics.final_features(self.raw_model, self.task.eval_inputs()))
+            self.raw_model.train()
+        if self.env.master:
+            print(f"step {self.iter_num}: {describe(metrics)}{' (best)' if best else ''}")
+        self.log(record)
+        if self.iter_num > 0:  # from scratch, iteration 0 has nothing to save
+            self.save(best)
+
+    def step(self, lr):
+        """One optimizer step at learning rate lr; returns its loss as a device tensor."""
+        cfg = self.cfg
+        for group in self.optimizer.param_groups:
+            group['lr'] = lr
+        try:
+            loss, grad_norms = train_step(self.model, self.optimizer, self.scaler, self.task.next_batch,
+                                          cfg.gradient_accumulation_steps // self.env.world, cfg.grad_clip,
+                                          self.env.autocast, self.env.ddp)
+        except torch.OutOfMemoryError:
+            fail(oom_advice(cfg, self.iter_num == self.start_iter))
+        except RuntimeError as e:
+            if "can't allocate memory" not in str(e) and 'out of memory' not in str(e):
+                raise
+            fail(oom_advice(cfg, self.iter_num == self.start_iter))
+        self.nonfinite.record(self.iter_num, loss, grad_norms)
+        self.iter_num += 1
+        if self.env.master and cfg.dynamics and self.iter_num % cfg.dynamics_interval == 0:
+            self.raw_model.eval()  # no dropout, expected stochastic connections: no random numbers drawn
+            stats = diagnostics.update_stats(self.raw_model, self.task.batch[0])
+            self.raw_model.train()
+            self.log(diagnostics.stats_record(self.iter_num, self.raw_model, stats), self.dynamics_file)
+        return loss
+
+    def check_nonfinite(self):
+        """Warn of the non-finite steps since the last check; stop (saving first) as nan_policy says."""
+        cfg = self.cfg
+        count, first, streak, bad = self.nonfinite.check()
+        if not count:
+            return
+        where = ', '.join(bad[:8]) + (f" and {len(bad) - 8} more" if len(bad) > 8 else '')
+        report = (f"non-finite loss or gradients at iteration {first} ({count} of the last {cfg.log_interval} "
+                  f"steps, skipped); parameters with non-finite gradients: {where or 'none (the loss itself)'}")
+        self.log({'iter': self.iter_num, 'event': 'nonfinite', 'first': first, 'count': count, 'params': bad})
+        if cfg.nan_policy == 'stop' or streak >= cfg.nan_max_skips:
+            self.save(False)
+            why = ("nan_policy='stop'" if cfg.nan_policy == 'stop'
+                   else f"{streak} consecutive steps skipped (nan_max_skips={cfg.nan_max_skips})")
+            fail(f"{report}.\nStopped ({why}); the parameters from before those steps are saved in "
+                 f"{cfg.out_dir}/ckpt.pt. Resume with a lower learning_rate or longer warmup_iters, "
+                 f"or with --nan_policy=skip")
+        if self.env.master:
+            print(f"warning: {report}")
+
+    def loop(self):
+        """Evaluate only, or train to max_iters; a signal stops either at the next step or
+        evaluation batch, saving first (Run.stop)."""
+        cfg, env = self.cfg, self.env
+        try:
+            if not cfg.eval_only:
+                return self.train()
+            metrics = self.evaluate()
+            if env.master:
+                print(f"iter {self.iter_num}: " + describe(metrics))
+        except Interrupted as e:
+            self.stop(e.args[0], evaluating=True)
+
+    def train(self):
+        cfg, env, task = self.cfg, self.env, self.task
+        self.dts, t_last, since = [], time.perf_counter(), 0
+        while True:
+            if (self.iter_num % cfg.eval_interval == 0 or self.iter_num == cfg.max_iters) and \
+                    self.last_eval != self.iter_num:
+                self.evaluate_and_save()
+                t_last, since = time.perf_counter(), 0
+            if self.iter_num >= cfg.max_iters:
+                break
+            lr = get_lr(self.iter_num, cfg, self.schedule_start)
+            loss = self.step(lr)
+            since += 1
+            at_log = self.iter_num % cfg.log_interval == 0  # the host syncs here only
+            if at_log:
+                if env.master:
+                    now = time.perf_counter()
+                    dt, t_last, since = (now - t_last) / since, now, 0
+                    self.dts.append(dt)
+                    eta = statistics.median_high(self.dts) * (cfg.max_iters - self.iter_num)
+                    lossf, per_iter = loss.item(), task.items_per_iter
+                    print(f"iter {self.iter_num}: loss {lossf:.4f}, lr {lr:.2e}, {dt * 1000:.1f} ms/iter, "
+                          f"{per_iter / dt:,.0f} {task.unit}/s{task.progress()}, eta {format_eta(eta)}")
+                    self.log({'iter': self.iter_num, 'loss': lossf, 'lr': lr, 'ms_per_iter': dt * 1000,
+                              f'{task.unit}_per_s': per_iter / dt})
+                self.check_nonfinite()
+            signum = self.interrupt.agreed(env.ddp, env.device) if at_log or not env.ddp else 0
+            if signum:
+                return self.stop(signum)
+        if env.master:
+            median = statistics.median_high(self.dts) if self.dts else float('nan')
+            print(f"done: {self.iter_num} iterations, best val loss {self.best_val_loss:.4f}, "
+                  f"median {median * 1000:.1f} ms/iter, {task.items_per_iter / median:,.0f} {task.unit}/s")
+
+    def stop(self, signum, evaluating=False):
+        """After a signal: save what is new since the last checkpoint and say how to continue. An
+        evaluation cut short runs again first on resume (last_eval)."""
+        cfg = self.cfg
+        saved = not cfg.eval_only and self.iter_num > self.start_iter
+        if saved:
+            self.save(False)
+        if self.env.master:
+            what = (f"checkpoint saved to {cfg.out_dir}/ckpt.pt; continue with --init_from=resume" if saved
+                    else "nothing new to save")
+            print(f"stopped by {signal.Signals(signum).name} {'during the evaluation ' if evaluating else ''}"
+                  f"at iteration {self.iter_num}; {what}")
+
+    def time_micro_step(self):
+        """Seconds of one micro-batch's forward and backward here, scaled from a quarter of the
+        pending batch (the second of two passes). Changes no weight, gradient, random state or
+        data position: a run is the same with it or without."""
+        rng, raw, (x, y) = torch.get_rng_state(), self.raw_model, self.task.batch
+        n = -(-len(x) // 4)
+        try:
+            for _ in range(2):
+                t0 = time.perf_counter()
+                with maps_held(raw, grad=True), self.env.autocast:
+                    _, loss = raw(x[:n], y[:n])
+                loss.backward()
+                seconds = (time.perf_counter() - t0) * len(x) / n
+        except (torch.OutOfMemoryError, RuntimeError) as e:
+            if not isinstance(e, torch.OutOfMemoryError) and "can't allocate memory" not in str(e):
+                raise
+            fail(oom_advice(self.cfg, True))
+        raw.zero_grad(set_to_none=True)
+        torch.set_rng_state(rng)
+        return seconds
+
+    def estimate(self, argv):
+        """On a CPU, before the first evaluation: how long the run will take, and where that is
+        over CPU_PATIENCE, the command that fits a CPU."""
+        cfg = self.cfg
+        seconds = self.time_micro_step()
+        iters = cfg.max_iters - self.iter_num
+        evals = sum(1 for i in range(self.iter_num, cfg.max_iters + 1)
+                    if (i % cfg.eval_interval == 0 or i == cfg.max_iters) and i != self.last_eval)
+        total = seconds * (iters * cfg.gradient_accumulation_steps // self.env.world
+                           + evals * self.task.eval_batches(cfg.eval_iters) / 3)  # a forward: ~1/3 of both
+        print(f"on this CPU: about {format_eta(total)} for {iters} iterations and {evals} evaluations "
+              f"(timed: a forward and backward pass of a quarter batch, twice)")
+        if total > CPU_PATIENCE:
+            command = cpu_command(argv)
+            if command:
+                small = configure.load(shlex.split(command)[2:])
+                fix = (f"for a CPU, stack config/cpu.py (nanoGPT's CPU recipe; here {small.n_layer} layers x "
+                       f"{small.n_embd}, {small.max_iters} iterations):\n  {command}")
+            else:
+                fix = "lower max_iters, or the model size (n_layer, n_embd)"
+            print(f"note: this config is sized for a GPU ({cfg.n_layer} layers x {cfg.n_embd}, {self.task.items_per_iter:,} "
+                  f"{self.task.unit} a step) and runs on the CPU here; {fix}\nGoing on as asked: Ctrl-C stops it with a "
+                  f"checkpoint.")
+
+    def finish(self):
+        self.interrupt.restore()
+        if self.env.master:
+            for f in (self.log_file, self.dynamics_file):
+                if f is not None:
+                    f.close()
+            if self.wandb is not None:
+                self.wandb.finish()
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if '-h' in argv or '--help' in argv:
@@ -234,260 +477,30 @@ def main(argv=None):
         cfg = configure.load(argv)
     except configure.ConfigError as e:
         fail(f"config: {e}")
-
-    ddp = 'RANK' in os.environ  # set by torchrun
-    if ddp:
-        rank, local_rank, world = (int(os.environ[k]) for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE'))
-        device = resolve_device(cfg.device)
-        if device.startswith('cuda'):
-            device = f'cuda:{local_rank}'
-            torch.cuda.set_device(device)
-        dist.init_process_group('nccl' if device.startswith('cuda') else 'gloo')
-    else:
-        rank, local_rank, world = 0, 0, 1
-        device = resolve_device(cfg.device)
-    master = rank == 0
-    device_type = device.split(':')[0]
-    keep_freed_memory(device)
-    if cfg.gradient_accumulation_steps % world:
-        fail(f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} is not divisible by the "
-             f"{world} processes; use a multiple of {world}")
-    micro_steps = cfg.gradient_accumulation_steps // world
-    dtype = resolve_dtype(cfg.dtype, device_type)
-    autocast = nullcontext() if dtype == 'float32' else torch.autocast(device_type, dtype=getattr(torch, dtype))
-    if device_type == 'cuda' and dtype == 'float32':  # else TF32 would only blur the orthogonal Q/K/V maps
-        torch.set_float32_matmul_precision('high')
     was_deterministic = torch.are_deterministic_algorithms_enabled()
-    if cfg.deterministic:
-        os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')
-        torch.use_deterministic_algorithms(True)
-        torch.backends.cudnn.benchmark = False
-
+    env = setup(cfg)
     try:
-        task = make_task(cfg, device, rank, world)
-    except DataError as e:
-        fail(str(e))
-    cfg, meta, per_iter = task.cfg, task.meta, task.items_per_iter
-
-    ckpt, history, changes = None, [], {}
-    if cfg.init_from == 'scratch' and os.path.exists(os.path.join(cfg.out_dir, 'ckpt.pt')):
-        fail(f"{os.path.join(cfg.out_dir, 'ckpt.pt')} exists and a run from scratch would overwrite it; continue "
-             f"it with --init_from=resume, or pick another --out_dir (or delete the old one)")
-    if cfg.init_from == 'resume':
         try:
-            ckpt, path, refused = checkpoint.load_latest(cfg.out_dir)
-        except checkpoint.CheckpointError as e:
+            task = make_task(cfg, env.device, env.rank, env.world)
+        except DataError as e:
             fail(str(e))
-        if master:
-            for _, reason in refused:
-                print(f"warning: {reason}")
-            print(f"resuming from {path} (iteration {ckpt['iter_num']})")
-        saved = configure.from_dict(ckpt['config'])
-        problems = resume_problems(saved, cfg, task.model_keys()) + task.resume_problems(saved, ckpt.get('meta'))
-        if problems:
-            fail(f"cannot resume {path} with this config:\n  " + "\n  ".join(problems))
-        changes = {k: [v, getattr(cfg, k)] for k, v in asdict(saved).items()
-                   if k not in UNRECORDED and v != getattr(cfg, k)}
-        history = ckpt.get('history', [])
-
-    seed_all(cfg.seed)  # the same initial weights in every process
-    model = task.model().to(device)
-    optimizer = make_optimizer(model, cfg, device_type)
-    scaler = StepScaler(device_type, dtype)
-    iter_num, best_val_loss, schedule_start = 0, float('inf'), 0
-    seed_all(cfg.seed + rank)  # dropout and stochastic connections differ per process
-    if ckpt is not None:
-        model.load_state_dict(ckpt['model'])
-        iter_num, best_val_loss = ckpt['iter_num'], ckpt['best_val_loss']
-        schedule_start = ckpt.get('schedule_start', 0)
-        if cfg.reset_optimizer:
-            schedule_start = iter_num
-        else:
-            optimizer.load_state_dict(ckpt['optimizer'])
-            if ckpt['scaler']:
-                scaler.load_state_dict(ckpt['scaler'])
-        streams = ckpt['streams']
-        if len(streams) == world:
-            task.load_state_dict(streams[rank]['data'])
-            set_rng_state(streams[rank]['rng'])
-        elif master:
-            print(f"note: checkpoint written by {len(streams)} processes, resuming on {world}: data streams re-seeded")
-        if changes or cfg.reset_optimizer:
-            history.append({'iter': iter_num, 'changes': changes, 'reset_optimizer': cfg.reset_optimizer})
-            if master:
-                print(f"at iteration {iter_num}: " + ', '.join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changes.items())
-                      + (" (optimizer and schedule reset)" if cfg.reset_optimizer else ""))
+        ckpt, history, changes = load_resume(task.cfg, task, env)
+        run = Run(task.cfg, task, env, ckpt, history, changes)
         del ckpt
-    start_iter = iter_num
-
-    raw_model = model
-    if cfg.compile if cfg.compile is not None else device_type == 'cuda':
-        model = torch.compile(model)
-    if ddp:
-        model = DDP(model, device_ids=[local_rank] if device_type == 'cuda' else None)
-    names = {p: n for n, p in raw_model.named_parameters()}
-    nonfinite = NonFinite([names[p] for g in optimizer.param_groups for p in g['params']], device)
-
-    run = None
-    if master:
-        os.makedirs(cfg.out_dir, exist_ok=True)
-        if not cfg.eval_only:
-            with open(os.path.join(cfg.out_dir, 'config.json'), 'w') as f:
-                json.dump(asdict(cfg), f, indent=1)
-        print(f"{raw_model.num_params() / 1e6:.2f}M parameters, residual={cfg.residual}, qkv={cfg.qkv}; "
-              f"{per_iter:,} {task.unit} per iteration; {world} process(es) on {device}, {dtype}")
-        if cfg.wandb_log:
-            import wandb
-            run = wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name, config=asdict(cfg),
-                             dir=cfg.out_dir, mode=wandb_mode())
-    log_file = open_log(os.path.join(cfg.out_dir, 'log.jsonl'), start_iter) if master else None
-    dynamics_file = (open_log(os.path.join(cfg.out_dir, 'dynamics.jsonl'), start_iter)
-                     if master and cfg.dynamics else None)
-
-    def log(record, file=None):
-        if master:
-            (file or log_file).write(json.dumps(record) + '\n')
-            (file or log_file).flush()
-            if run is not None:
-                run.log(flatten(record), step=record['iter'])
-
-    if history and history[-1]['iter'] == start_iter:
-        log({'iter': start_iter, 'event': 'resume', **history[-1]})
-
-    def save(best):
-        mine = {'data': task.state_dict(), 'rng': rng_state(device_type),
-                'batch_starts': getattr(task.loader, 'last_starts', None),
-                'weights': torch.stack([p.detach().double().sum() for p in raw_model.parameters()]).cpu()}
-        streams = [mine]
-        if ddp:
-            streams = [None] * world
-            dist.all_gather_object(streams, mine)
-            if not all(torch.equal(s['weights'], mine['weights']) for s in streams):
-                fail(f"at iteration {iter_num} the {world} processes hold different weights: DDP replicas diverged")
-        if not master:
-            return
-        path = os.path.join(cfg.out_dir, 'ckpt.pt')
-        checkpoint.save({'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(),
-                         'scaler': scaler.state_dict(), 'iter_num': iter_num, 'best_val_loss': best_val_loss,
-                         'schedule_start': schedule_start, 'history': history, 'streams': streams,
-                         'config': json.dumps(asdict(cfg)), 'meta': json.dumps(meta) if meta else None}, path)
-        checkpoint.snapshot(cfg.out_dir, iter_num, cfg.keep_last_n)
-        if best:
-            checkpoint.link(path, os.path.join(cfg.out_dir, 'best.pt'))
-
-    def finish():
-        interrupt.restore()
+        try:
+            if env.device_type == 'cpu' and env.master and not task.cfg.eval_only:
+                run.estimate(argv)
+            run.loop()
+        finally:
+            run.finish()
+    finally:
         torch.use_deterministic_algorithms(was_deterministic)
-        if master:
-            log_file.close()
-            if dynamics_file:
-                dynamics_file.close()
-            if run is not None:
-                run.finish()
-        if ddp:
+        if env.ddp:
             if sys.exc_info()[0] is None:
                 # all processes ended cleanly: tear down together, after rank 0's last checkpoint
-                # (a rank that got there first was seen to abort at exit, twice in ~20 CI runs)
+                # (a rank that got there first was seen to abort at exit)
                 dist.barrier()
             dist.destroy_process_group()
-
-    def evaluate():
-        with maps_held(model):
-            return task.evaluate(model, autocast, ddp, cfg.eval_iters)
-
-    interrupt = Interrupt()
-    try:
-        if cfg.eval_only:
-            metrics = evaluate()
-            if master:
-                print(f"iter {iter_num}: " + describe(metrics))
-            return
-
-        dts, t_last, iters_since = [], time.perf_counter(), 0
-        while True:
-            if (iter_num % cfg.eval_interval == 0 or iter_num == cfg.max_iters) and not (iter_num == start_iter > 0):
-                metrics = evaluate()
-                best = metrics['val_loss'] < best_val_loss
-                best_val_loss = min(best_val_loss, metrics['val_loss'])
-                record = {'iter': iter_num, **metrics}
-                if master and cfg.dynamics:  # Oh et al. App. D: effective rank of the final representation
-                    raw_model.eval()
-                    record['effective_rank'] = diagnostics.effective_rank(
-                        diagnostics.final_features(raw_model, task.eval_inputs()))
-                    raw_model.train()
-                if master:
-                    print(f"step {iter_num}: {describe(metrics)}{' (best)' if best else ''}")
-                log(record)
-                if iter_num > start_iter:
-                    save(best)
-                t_last, iters_since = time.perf_counter(), 0
-            if iter_num >= cfg.max_iters:
-                break
-
-            lr = get_lr(iter_num, cfg, schedule_start)
-            for group in optimizer.param_groups:
-                group['lr'] = lr
-            try:
-                loss, grad_norms = train_step(model, optimizer, scaler, task.next_batch, micro_steps, cfg.grad_clip,
-                                              autocast, ddp)
-            except torch.OutOfMemoryError:
-                fail(oom_advice(cfg, iter_num == start_iter))
-            except RuntimeError as e:
-                if "can't allocate memory" not in str(e) and 'out of memory' not in str(e):
-                    raise
-                fail(oom_advice(cfg, iter_num == start_iter))
-            nonfinite.record(iter_num, loss, grad_norms)
-            iter_num += 1
-            iters_since += 1
-            if master and cfg.dynamics and iter_num % cfg.dynamics_interval == 0:
-                raw_model.eval()  # no dropout, expected stochastic connections: no random numbers drawn
-                stats = diagnostics.update_stats(raw_model, task.batch[0])
-                raw_model.train()
-                log(diagnostics.stats_record(iter_num, raw_model, stats), dynamics_file)
-
-            at_log = iter_num % cfg.log_interval == 0  # the host syncs here only
-            if at_log:
-                count, first, streak, bad = nonfinite.check()
-                if master:
-                    lossf = loss.item()
-                    now = time.perf_counter()
-                    dt = (now - t_last) / iters_since
-                    t_last, iters_since = now, 0
-                    dts.append(dt)
-                    eta = sorted(dts)[len(dts) // 2] * (cfg.max_iters - iter_num)
-                    print(f"iter {iter_num}: loss {lossf:.4f}, lr {lr:.2e}, {dt * 1000:.1f} ms/iter, "
-                          f"{per_iter / dt:,.0f} {task.unit}/s{task.progress()}, eta {format_eta(eta)}")
-                    log({'iter': iter_num, 'loss': lossf, 'lr': lr, 'ms_per_iter': dt * 1000,
-                         f'{task.unit}_per_s': per_iter / dt})
-                if count:
-                    where = ', '.join(bad[:8]) + (f" and {len(bad) - 8} more" if len(bad) > 8 else '')
-                    report = (f"non-finite loss or gradients at iteration {first} ({count} of the last "
-                              f"{cfg.log_interval} steps, skipped); parameters with non-finite gradients: "
-                              f"{where or 'none (the loss itself)'}")
-                    log({'iter': iter_num, 'event': 'nonfinite', 'first': first, 'count': count, 'params': bad})
-                    if cfg.nan_policy == 'stop' or streak >= cfg.nan_max_skips:
-                        save(False)
-                        why = ("nan_policy='stop'" if cfg.nan_policy == 'stop'
-                               else f"{streak} consecutive steps skipped (nan_max_skips={cfg.nan_max_skips})")
-                        fail(f"{report}.\nStopped ({why}); the parameters from before those steps are saved in "
-                             f"{cfg.out_dir}/ckpt.pt. Resume with a lower learning_rate or longer warmup_iters, "
-                             f"or with --nan_policy=skip")
-                    if master:
-                        print(f"warning: {report}")
-            signum = interrupt.agreed(ddp, device) if at_log or not ddp else 0
-            if signum:
-                save(False)
-                if master:
-                    print(f"stopped by {signal.Signals(signum).name} at iteration {iter_num}; checkpoint saved to "
-                          f"{cfg.out_dir}/ckpt.pt; continue with --init_from=resume")
-                return
-
-        if master:
-            median = sorted(dts)[len(dts) // 2] if dts else float('nan')
-            print(f"done: {iter_num} iterations, best val loss {best_val_loss:.4f}, "
-                  f"median {median * 1000:.1f} ms/iter, {per_iter / median:,.0f} {task.unit}/s")
-    finally:
-        finish()
 
 
 if __name__ == '__main__':

@@ -1,5 +1,5 @@
-# Character-level Tiny Shakespeare in the setting of the Orthogonal Transformer paper
-# (../shared/papers/orthogonal-transformer-rotation.txt, "Experiments"): 16 layers, d=256,
+# Character-level Tiny Shakespeare in the setting of "The Orthogonal Transformer" (preprint, no
+# arXiv id), section "Experiments": 16 layers, d=256,
 # 4 heads, Adam betas (0.9, 0.99), no weight decay, the sigma_w / sigma_qk initialisation with a
 # ReLU MLP and unit-variance token embeddings, pre-RMSNorm baseline.
 # shakespeare_{add,ortho,rot,cayley}.py import this and change the residual rule.
@@ -8,12 +8,12 @@
 # batch_size 64, 5000 iterations, 100 warmup iterations, cosine decay to lr/10, grad clip 1.0,
 # learned position embeddings (initialised N(0, 0.02)), untied output head (N(0, 0.02)).
 # The paper sweeps sigma_w without giving the values; 0.5 is the best of {0.25, 0.5, 1.0} for the
-# additive model on the CPU recipe (README). Dropout 0: the paper mentions none (nanoGPT uses 0.2
+# additive model on the CPU recipe (docs/results.md). Dropout 0: the paper mentions none (nanoGPT uses 0.2
 # on its smaller 6x384 model).
 # Deviation: lr 1e-3, not the paper's 0.004. At 0.004 the rotation model diverged on an H100
 # (loss rising from iteration ~50, non-finite by ~105; also in float32 with TF32 products, with
 # 1000 warmup iterations, at 2e-3 and at sigma_w 0.25) while the additive one trained; at 1e-3
-# both train and reach the paper's best val losses (README "Tiny Shakespeare at the paper's
+# both train and reach the paper's best val losses (docs/results.md, "Tiny Shakespeare at the paper's
 # scale, on a GPU"). The cause is not established.
 
 out_dir = 'out-shakespeare'

@@ -1,4 +1,4 @@
-# ViT-S on CIFAR-10 with Oh et al. 2025's recipe (App. A.1, Table 5), one GPU:
+# ViT-S on CIFAR-10 with the recipe of Oh et al. 2025, arXiv:2505.11881 (App. A.1, Table 5), one GPU:
 #   python train.py config/vit_cifar10_add.py        # or _ortho
 # 6 layers, 384 wide, 6 heads, patch 4 (8 x 8 patches + [CLS]), 300 epochs of 48 steps at batch
 # 1024, AdamW lr 1e-3 betas (0.9, 0.999) weight decay 1e-4, cosine with 10 warmup epochs,

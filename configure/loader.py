@@ -15,6 +15,7 @@ from model import GPTConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HINTS = typing.get_type_hints(Config)
+CHOICES = {f.name: f.metadata['choices'] for f in fields(Config) if 'choices' in f.metadata}  # registries: for usage()
 
 
 class ConfigError(ValueError):
@@ -26,7 +27,9 @@ def closest(word, choices):
     return f"; did you mean {match[0]!r}?" if match else ""
 
 
-def type_name(hint):
+def type_name(hint, key=None):
+    if key in CHOICES:
+        return ' | '.join(repr(c) for c in CHOICES[key])
     if typing.get_origin(hint) is typing.Literal:
         return ' | '.join(repr(a) for a in typing.get_args(hint))
     if typing.get_origin(hint) in (types.UnionType, typing.Union):
@@ -103,13 +106,23 @@ def check_key(key, where):
                           f" (all keys: python train.py --help)")
 
 
+def config_files(path):
+    """The config files beside `path` (or, for a bare name or a folder without any, the project's
+    config/), the closest to it first."""
+    def listed(folder):
+        return [os.path.join(folder, f) for f in sorted(os.listdir(folder))
+                if f.endswith('.py') and f != '__init__.py'] if os.path.isdir(folder) else []
+    files = os.path.dirname(path) and listed(os.path.dirname(path)) or listed(os.path.relpath(os.path.join(ROOT, 'config')))
+    ratio = {f: difflib.SequenceMatcher(None, os.path.basename(path), os.path.basename(f)).ratio() for f in files}
+    files.sort(key=lambda f: -ratio[f])
+    near = f"did you mean {files[0]!r}? " if files and ratio[files[0]] >= 0.5 else ''
+    return f"{near}{'The' if near else 'the'} config files, closest first:\n  " + '\n  '.join(files)
+
+
 def run_file(path, values):
     """Run a config file with the current values as globals; return the keys it set."""
     if not os.path.isfile(path):
-        folder = os.path.dirname(path) or '.'
-        near = [os.path.join(os.path.dirname(path), f) for f in os.listdir(folder)
-                if f.endswith('.py')] if os.path.isdir(folder) else []
-        raise ConfigError(f"config file {path!r} not found{closest(path, near)}")
+        raise ConfigError(f"config file {path!r} not found; {config_files(path)}")
     if ROOT not in sys.path:  # lets config files import shared settings: from config.x import *
         sys.path.insert(0, ROOT)
     try:
@@ -176,5 +189,5 @@ def model_config(cfg, cls=GPTConfig):
 def usage():
     lines = ["usage: python train.py [CONFIG_FILE ...] [--key=value ...]", "", "keys (default):"]
     defaults = asdict(Config())
-    lines += [f"  {k:<28} {type_name(h):<40} {defaults[k]!r}" for k, h in HINTS.items()]
+    lines += [f"  {k:<28} {type_name(h, k):<40} {defaults[k]!r}" for k, h in HINTS.items()]
     return '\n'.join(lines)

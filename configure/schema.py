@@ -6,7 +6,7 @@ Model keys are inherited from model.GPTConfig and model.ViTConfig; the keys belo
 from dataclasses import dataclass
 from typing import Literal
 
-from model import GPTConfig, ViTConfig
+from model import GPTConfig, ViTConfig, at_least_one
 
 
 @dataclass
@@ -61,10 +61,8 @@ class Config(GPTConfig, ViTConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        for key in ('batch_size', 'gradient_accumulation_steps', 'eval_interval', 'eval_iters',
-                    'log_interval', 'dynamics_interval', 'block_size', 'n_layer', 'n_embd', 'n_head', 'vocab_size'):
-            if getattr(self, key) < 1:
-                raise ValueError(f"{key}={getattr(self, key)} must be at least 1")
+        at_least_one(self, 'batch_size', 'gradient_accumulation_steps', 'eval_interval', 'eval_iters', 'log_interval',
+                     'dynamics_interval')
         for key in ('max_iters', 'warmup_iters', 'learning_rate', 'weight_decay', 'grad_clip', 'dropout',
                     'keep_last_n', 'nan_max_skips', 'crop_padding', 'mixup_alpha', 'cutmix_alpha'):
             if getattr(self, key) < 0:

@@ -26,6 +26,7 @@ import sys
 import time
 
 import numpy as np
+from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from data import shards  # noqa: E402
@@ -33,7 +34,7 @@ from data import shards  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 # name -> load_dataset arguments and what to expect
 PRESETS = {
-    'openwebtext': dict(path='Skylion007/openwebtext', revision='refs/convert/parquet', split='train',
+    'openwebtext': dict(path='Skylion007/openwebtext', revision='refs/convert/parquet', split='train', documents=8013769,
                         size='8,013,769 documents, about 9.0B GPT-2 tokens, about 18 GB of shards'),
     'fineweb-edu': dict(path='HuggingFaceFW/fineweb-edu', name='sample-10BT', split='train',
                         size='9.67M documents, about 10B GPT-2 tokens, about 20 GB of shards'),
@@ -73,6 +74,31 @@ def documents(args):
     return datasets.load_dataset(**kwargs)
 
 
+def count_lines(path):
+    with open(path, 'rb') as f:
+        return sum(chunk.count(b'\n') for chunk in iter(lambda: f.read(1 << 24), b''))
+
+
+def count_documents(args, rows):
+    """How many documents the source holds, where that is cheap to know (for the ETA); else None."""
+    if args.files:
+        paths = sorted(glob.glob(args.files, recursive=True))
+        ext = os.path.splitext(paths[0])[1]
+        if ext == '.txt':
+            return len(paths)
+        if ext == '.jsonl':
+            return sum(count_lines(p) for p in paths)
+        if ext == '.parquet':
+            import pyarrow.parquet as pq
+            return sum(pq.ParquetFile(p).metadata.num_rows for p in paths)
+        return None
+    if 'documents' in PRESETS.get(args.dataset, {}):
+        return PRESETS[args.dataset]['documents']
+    splits = getattr(rows.info, 'splits', None) or {}
+    split = splits.get(args.split or PRESETS.get(args.dataset, {}).get('split', 'train'))
+    return split.num_examples if split is not None and split.num_examples else None
+
+
 class Writer:
     """Fills shards in order: first val (val_tokens), then train (shard_size each)."""
 
@@ -108,6 +134,25 @@ class Writer:
         self.state['tokens'] += self.filled
         self.filled = 0
         save_json(os.path.join(self.out_dir, 'progress.json'), self.state)
+
+
+def tokenize(texts, writer, num_proc, total):
+    """Encode texts in num_proc processes into the writer's shards, with a progress bar (an ETA
+    where the total is known); returns the tokens written by this run."""
+    state, skip, done_tokens = writer.state, writer.state['skip'], 0
+    # spawn, not fork: forking this process, whose torch / Arrow / tokenizer threads may hold a
+    # lock at that moment, can leave a worker waiting on it forever
+    with mp.get_context('spawn').Pool(num_proc) as pool, \
+            tqdm(pool.imap(encode, texts, chunksize=16), desc='tokenizing', unit='doc', initial=state['docs'],
+                 total=total, delay=2, mininterval=1 if sys.stderr.isatty() else 30, dynamic_ncols=True) as bar:
+        for i, tokens in enumerate(bar):
+            if i == 0 and skip:  # the document that straddled the last finished shard
+                tokens = tokens[skip:]
+            writer.add(tokens)
+            done_tokens += len(tokens)
+            if i % 1000 == 0:
+                bar.set_postfix_str(f"{state['tokens'] + writer.filled:,} tokens", refresh=False)
+    return done_tokens
 
 
 def save_json(path, data):
@@ -163,25 +208,16 @@ def main(argv=None):
         print(f"{args.dataset}: {PRESETS[args.dataset]['size']}")
 
     rows = documents(args)
+    total = count_documents(args, rows)
+    if args.max_docs is not None:
+        total = min(total or args.max_docs, args.max_docs)
     if state['docs']:
         rows = rows.skip(state['docs'])
     if args.max_docs is not None:
         rows = rows.take(args.max_docs - state['docs'])
-    texts = (row[args.text_column] for row in rows)
     writer = Writer(out_dir, args.shard_size, args.val_tokens, state)
-    skip, start, done_tokens = state['skip'], time.perf_counter(), 0
-    # spawn, not fork: forking this process, whose torch / Arrow / tokenizer threads may hold a
-    # lock at that moment, can leave a worker waiting on it forever
-    with mp.get_context('spawn').Pool(args.num_proc) as pool:
-        for i, tokens in enumerate(pool.imap(encode, texts, chunksize=16)):
-            if i == 0 and skip:  # the document that straddled the last finished shard
-                tokens = tokens[skip:]
-            writer.add(tokens)
-            done_tokens += len(tokens)
-            if i % 1000 == 0:
-                rate = done_tokens / (time.perf_counter() - start)
-                print(f"\r{state['docs']:,} documents, {state['tokens'] + writer.filled:,} tokens, "
-                      f"{rate:,.0f} tokens/s", end='', file=sys.stderr)
+    start = time.perf_counter()
+    done_tokens = tokenize((row[args.text_column] for row in rows), writer, args.num_proc, total)
     writer.flush()
     if state['shards'] < 2:
         raise SystemExit(f"error: the corpus has {state['tokens']:,} tokens, all taken by the val shard "
@@ -192,7 +228,7 @@ def main(argv=None):
     save_json(os.path.join(out_dir, 'info.json'), {
         'tokenizer': 'gpt2', 'vocab_size': 50257, 'eot': 50256, 'format': 'llm.c shard v1 (data/shards.py)',
         'tokens': state['tokens'], 'documents': state['docs'], 'shards': state['shards'], 'source': source})
-    print(f"\n{state['docs']:,} documents, {state['tokens']:,} tokens in {state['shards']} shards in {out_dir}; "
+    print(f"{state['docs']:,} documents, {state['tokens']:,} tokens in {state['shards']} shards in {out_dir}; "
           f"this run: {done_tokens:,} tokens in {elapsed:.1f} s, {done_tokens / elapsed:,.0f} tokens/s "
           f"with {args.num_proc} processes")
 

@@ -1,5 +1,9 @@
+"""Fixtures shared by the test modules (which never import each other)."""
+
+import json
 import os
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -7,18 +11,35 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+# a 2-layer model that trains in seconds on the CPU; tests add the keys they exercise
+TINY = ['--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=8', '--eval_iters=4',
+        '--log_interval=5', '--warmup_iters=5', '--learning_rate=1e-2', '--device=cpu', '--compile=False']
+
 
 @pytest.fixture(autouse=True)
 def seeded():
     torch.manual_seed(0)
 
 
-def tiny_text(n_lines=400):
+@pytest.fixture(scope='session')
+def root():
+    """The repository's folder."""
+    return ROOT
+
+
+@pytest.fixture(scope='session')
+def tiny():
+    """--key=value arguments of a tiny CPU model for train.py."""
+    return list(TINY)
+
+
+@pytest.fixture(scope='session')
+def tiny_text():
     """A small deterministic corpus with enough structure for a tiny model to learn."""
     words = ['to', 'be', 'or', 'not', 'the', 'king', 'queen', 'my', 'lord', 'shall', 'we', 'go', 'now']
     g = torch.Generator().manual_seed(1)
     lines = []
-    for i in range(n_lines):
+    for i in range(400):
         ids = torch.randint(len(words), (6,), generator=g).tolist()
         speaker = 'ROMEO' if i % 2 else 'JULIET'
         lines.append(f"{speaker}:\n{' '.join(words[j] for j in ids).capitalize()}.\n")
@@ -26,9 +47,35 @@ def tiny_text(n_lines=400):
 
 
 @pytest.fixture
-def char_data(tmp_path):
+def char_data(tmp_path, tiny_text):
     """A data folder holding only input.txt: train.py prepares it on first use."""
     folder = tmp_path / 'data'
     folder.mkdir()
-    (folder / 'input.txt').write_text(tiny_text(), encoding='utf-8')
+    (folder / 'input.txt').write_text(tiny_text, encoding='utf-8')
     return folder
+
+
+@pytest.fixture
+def run(tmp_path, char_data):
+    """run(*args, config=..., out=...): train.main on the tiny model and char_data; returns out_dir."""
+    import train
+
+    def go(*args, config='shakespeare_add.py', out='out'):
+        out_dir = tmp_path / out
+        train.main([os.path.join(ROOT, 'config', config), *TINY, f'--data_dir={char_data}', f'--out_dir={out_dir}',
+                    *args])
+        return out_dir
+    return go
+
+
+def read_records(out_dir):
+    with open(os.path.join(out_dir, 'log.jsonl')) as f:
+        return [json.loads(line) for line in f]
+
+
+@pytest.fixture(scope='session')
+def logs():
+    """logs.records(out_dir): every log.jsonl record; logs.evals(out_dir): (iter, val_loss) pairs."""
+    return SimpleNamespace(records=read_records,
+                           evals=lambda out_dir: [(r['iter'], r['val_loss']) for r in read_records(out_dir)
+                                                  if 'val_loss' in r])

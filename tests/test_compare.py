@@ -26,12 +26,11 @@ def logged(out_dir):
 
 
 @pytest.fixture(scope='module')
-def compared(tmp_path_factory):
-    from conftest import tiny_text
+def compared(tmp_path_factory, tiny_text):
     root = tmp_path_factory.mktemp('compare')
     data = root / 'data'
     data.mkdir()
-    (data / 'input.txt').write_text(tiny_text(), encoding='utf-8')
+    (data / 'input.txt').write_text(tiny_text, encoding='utf-8')
     args = [*CONFIGS, '--seeds=2', '--nproc=2', f'--out={root / "out"}', *TINY, f'--data_dir={data}']
     return root, args, compare.main(args)
 
@@ -170,7 +169,7 @@ def test_a_failed_first_phase_is_reported_in_its_second_phases_rows(compared, tm
 
 
 def test_switch_errors_stop_before_any_run(tmp_path):
-    with pytest.raises(SystemExit, match="'rotation' builds another architecture"):
+    with pytest.raises(SystemExit, match="residual 'additive' -> 'rotation': the two rules build different parameters"):
         compare.main([CONFIGS[0], f'--out={tmp_path}', '--switch=residual=rotation', '--switch_at=10'])
     with pytest.raises(SystemExit, match='--switch_at=5000 must lie between 0 and max_iters=5000'):
         compare.main([CONFIGS[0], f'--out={tmp_path}', '--switch=residual=orthogonal', '--switch_at=5000'])

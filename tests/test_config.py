@@ -36,10 +36,9 @@ def test_later_file_overrides_earlier_override(tmp_path):
     assert cfg.n_layer == 3
 
 
-@pytest.mark.parametrize('path', sorted(glob.glob(os.path.join(ROOT, 'config', '*.py'))))
+@pytest.mark.parametrize('path', sorted(p for p in glob.glob(os.path.join(ROOT, 'config', '*.py'))
+                                         if not p.endswith('__init__.py')), ids=os.path.basename)
 def test_every_config_file_loads(path):
-    if path.endswith('__init__.py'):
-        return
     if path.endswith('cpu.py'):
         cfg = configure.load([path])
     else:
@@ -128,7 +127,11 @@ def test_round_trip_through_json():
     assert again == cfg and again.ortho_layers == (1, 3)
 
 
-def test_usage_lists_every_key():
-    text = configure.usage()
-    for key in ('residual', 'ortho_mode', 'ortho_eps', 'ortho_prob', 'ortho_layers', 'qkv', 'sigma_w', 'sigma_qk'):
-        assert key in text
+def test_usage_lists_every_key_with_its_type_and_default():
+    lines = {line.split()[0]: line for line in configure.usage().splitlines()[3:]}
+    defaults = asdict(configure.Config())
+    assert set(lines) == set(defaults)
+    for key, default in defaults.items():
+        assert lines[key].endswith(repr(default)), lines[key]
+    assert "'additive' | 'orthogonal' | 'rotation'" in lines['residual']  # read from model.RESIDUALS
+    assert "'feature' | 'global'" in lines['ortho_mode'] and ' int ' in lines['n_layer']

@@ -12,8 +12,8 @@ import diagnostics
 import plot_dynamics
 import plot_grad_norms
 from model import GPT, GPTConfig
-from test_train import ROOT, records, run
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ['--n_embd=32', '--n_head=2', '--block_size=32', '--batch_size=4', '--batches=2', '--seeds=2']
 
 
@@ -70,14 +70,32 @@ def test_residual_grads_are_the_autograd_gradients():
 
 
 def test_update_stats():
+    """Against each update's own input and output: on the rotation model ||x||^2 = d and theta is
+    the angle by which the update turns the stream; for any rule ||f_par||^2 + ||f_perp||^2 = ||f||^2."""
     cfg = dict(n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=11)
     idx = torch.randint(11, (3, 8))
-    rot = diagnostics.update_stats(GPT(GPTConfig(residual='rotation', **cfg)), idx)
-    assert rot.shape == (4, 5)
-    assert torch.allclose(rot[:, 0], torch.full((4,), 16.0))  # ||x||^2 = d on the sphere
-    assert torch.all(rot[:, 4] > 0)  # theta
-    add = diagnostics.update_stats(GPT(GPTConfig(**cfg)), idx)
-    assert torch.isnan(add[:, 4]).all() and torch.all(add[:, 1:3] >= 0) and torch.all(add[:, 3].abs() <= 1)
+    for residual in ('rotation', 'additive'):
+        model = GPT(GPTConfig(residual=residual, **cfg))
+        seen = []
+
+        def record(module, args, out):
+            x, u, y = (t.double() for t in (*args, out))
+            y_perp = y - (x * y).sum(-1, keepdim=True) / (x * x).sum(-1, keepdim=True) * x
+            seen.append([torch.atan2(y_perp.norm(dim=-1), (x * y).sum(-1) / x.norm(dim=-1)).mean(),
+                         (u * u).sum(-1).mean()])
+        hooks = [m.register_forward_hook(record) for _, _, m in diagnostics.updates(model)]
+        stats = diagnostics.update_stats(model, idx).double()
+        for h in hooks:
+            h.remove()
+        angle, f_sq = torch.tensor(seen, dtype=torch.float64).T
+        assert stats.shape == (4, 5)
+        torch.testing.assert_close(stats[:, 1] + stats[:, 2], f_sq, rtol=1e-5, atol=0)
+        assert torch.all(stats[:, 3].abs() <= 1)
+        if residual == 'rotation':
+            torch.testing.assert_close(stats[:, 0], torch.full((4,), 16.0, dtype=torch.float64))  # ||x||^2 = d
+            torch.testing.assert_close(stats[:, 4], angle, rtol=1e-3, atol=0)
+        else:
+            assert not torch.allclose(stats[:, 4], angle, rtol=1e-2, atol=0)
 
 
 def test_effective_rank():
@@ -87,32 +105,33 @@ def test_effective_rank():
     assert diagnostics.effective_rank(line) == pytest.approx(1, abs=1e-6)
 
 
-def test_dynamics_log_and_plots(tmp_path, char_data):
+def test_dynamics_log_and_plots(run, logs, tmp_path, char_data):
     args = ['--max_iters=20', '--eval_interval=10', '--dropout=0.1', '--ortho_prob=0.5']
-    plain = run(tmp_path, char_data, *args, config='shakespeare_ortho.py', out='plain')
+    plain = run(*args, config='shakespeare_ortho.py', out='plain')
     assert not (plain / 'dynamics.jsonl').exists()
-    out = run(tmp_path, char_data, *args, '--dynamics=True', '--dynamics_interval=5', config='shakespeare_ortho.py')
+    out = run(*args, '--dynamics=True', '--dynamics_interval=5', config='shakespeare_ortho.py')
     with open(out / 'dynamics.jsonl') as f:
         lines = [json.loads(line) for line in f]
     assert [r['iter'] for r in lines] == [5, 10, 15, 20]
     assert all(len(r[sub][s]) == 2 for r in lines for sub in ('attn', 'mlp') for s in diagnostics.STATS)
-    assert all(r['attn']['theta'] == [None, None] for r in lines)
-    ranks = [r['effective_rank'] for r in records(out) if 'val_loss' in r]
+    assert all(0 < t < 10 for r in lines for t in r['attn']['theta'] + r['mlp']['theta'])
+    ranks = [r['effective_rank'] for r in logs.records(out) if 'val_loss' in r]
     assert len(ranks) == 3 and all(1 <= e <= 32 for e in ranks)
     # measuring draws no random numbers and changes nothing: the same losses as without it
-    strip = lambda d: [{k: v for k, v in r.items() if k in ('iter', 'loss', 'val_loss')} for r in records(d)]  # noqa: E731
+    strip = lambda d: [{k: v for k, v in r.items() if k in ('iter', 'loss', 'val_loss')} for r in logs.records(d)]  # noqa: E731
     assert strip(out) == strip(plain)
     plot_dynamics.main([str(out), '--out', str(tmp_path / 'dyn')])
     assert sorted(p.name for p in tmp_path.glob('dyn_*.png')) == [
-        'dyn_cos.png', 'dyn_effective_rank.png', 'dyn_par_sq.png', 'dyn_perp_sq.png', 'dyn_stream_sq.png']
+        'dyn_cos.png', 'dyn_effective_rank.png', 'dyn_par_sq.png', 'dyn_perp_sq.png', 'dyn_stream_sq.png',
+        'dyn_theta.png']
 
 
-def test_dynamics_off_runs_no_measurement(tmp_path, char_data, monkeypatch):
+def test_dynamics_off_runs_no_measurement(run, monkeypatch):
     def forbidden(*a, **k):
         raise AssertionError('measured with dynamics off')
     monkeypatch.setattr(diagnostics, 'update_stats', forbidden)
     monkeypatch.setattr(diagnostics, 'effective_rank', forbidden)
-    run(tmp_path, char_data, '--max_iters=10', '--eval_interval=5')
+    run('--max_iters=10', '--eval_interval=5')
 
 
 def test_plot_dynamics_needs_the_log(tmp_path):

@@ -1,10 +1,6 @@
 """End to end on a tiny corpus: training, resume, checkpoints, sampling and their errors."""
 
-import json
 import os
-import platform
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -13,33 +9,15 @@ import checkpoint
 import configure
 import sample
 import train
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = ['--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=8', '--eval_iters=4',
-        '--log_interval=5', '--warmup_iters=5', '--learning_rate=1e-2', '--device=cpu', '--compile=False']
-
-
-def run(tmp_path, data, *args, config='shakespeare_add.py', out='out'):
-    out_dir = tmp_path / out
-    train.main([os.path.join(ROOT, 'config', config), *TINY, f'--data_dir={data}', f'--out_dir={out_dir}', *args])
-    return out_dir
-
-
-def records(out_dir):
-    with open(out_dir / 'log.jsonl') as f:
-        return [json.loads(line) for line in f]
-
-
-def evals(out_dir):
-    return [(r['iter'], r['val_loss']) for r in records(out_dir) if 'val_loss' in r]
+import training
 
 
 @pytest.mark.parametrize('config', ['shakespeare_add.py', 'shakespeare_ortho.py', 'shakespeare_rot.py',
                                     'shakespeare_cayley.py'])
-def test_loss_falls_and_data_is_prepared_on_first_use(tmp_path, char_data, config):
-    out = run(tmp_path, char_data, '--max_iters=60', '--eval_interval=30', config=config)
+def test_loss_falls_and_data_is_prepared_on_first_use(run, logs, char_data, config):
+    out = run('--max_iters=60', '--eval_interval=30', config=config)
     assert (char_data / 'train.bin').exists() and (char_data / 'meta.json').exists()
-    history = evals(out)
+    history = logs.evals(out)
     assert [i for i, _ in history] == [0, 30, 60]
     assert history[-1][1] < 0.6 * history[0][1], history
     assert (out / 'ckpt.pt').exists() and (out / 'best.pt').exists()
@@ -50,53 +28,53 @@ def test_loss_falls_and_data_is_prepared_on_first_use(tmp_path, char_data, confi
 
 
 @pytest.mark.parametrize('dtype', ['bfloat16', 'float16'])
-def test_mixed_precision_steps(tmp_path, char_data, dtype):
+def test_mixed_precision_steps(run, logs, dtype):
     """The autocast path (and, for float16, the gradient scaler) on the CPU."""
-    out = run(tmp_path, char_data, '--max_iters=20', '--eval_interval=20', f'--dtype={dtype}',
+    out = run('--max_iters=20', '--eval_interval=20', f'--dtype={dtype}',
               config='shakespeare_rot.py')
-    history = evals(out)
+    history = logs.evals(out)
     assert history[-1][1] < history[0][1]
     scale = checkpoint.load(out / 'ckpt.pt')['scaler']['scale']
     assert scale == 1.0 if dtype == 'bfloat16' else scale >= 2.0 ** 10  # dynamic loss scaling for float16 only
 
 
-def test_resume_continues_exactly(tmp_path, char_data):
+def test_resume_continues_exactly(run, logs):
     # the schedule must not depend on where we stop; dropout and stochastic connections draw random numbers
     args = ['--eval_interval=10', '--lr_decay_iters=40', '--dropout=0.1', '--ortho_prob=0.5']
-    full = run(tmp_path, char_data, '--max_iters=40', *args, config='shakespeare_ortho.py', out='full')
-    part = run(tmp_path, char_data, '--max_iters=20', *args, config='shakespeare_ortho.py', out='part')
-    run(tmp_path, char_data, '--max_iters=40', '--init_from=resume', *args, config='shakespeare_ortho.py', out='part')
-    resumed = evals(part)
+    full = run('--max_iters=40', *args, config='shakespeare_ortho.py', out='full')
+    part = run('--max_iters=20', *args, config='shakespeare_ortho.py', out='part')
+    run('--max_iters=40', '--init_from=resume', *args, config='shakespeare_ortho.py', out='part')
+    resumed = logs.evals(part)
     assert [i for i, _ in resumed] == [0, 10, 20, 30, 40]  # iteration 20 is not evaluated twice
-    assert resumed == evals(full)  # same data, RNG and optimizer state: the same losses
-    train_losses = lambda d: [(r['iter'], r['loss']) for r in records(d) if 'loss' in r]  # noqa: E731
+    assert resumed == logs.evals(full)  # same data, RNG and optimizer state: the same losses
+    train_losses = lambda d: [(r['iter'], r['loss']) for r in logs.records(d) if 'loss' in r]  # noqa: E731
     assert train_losses(part) == train_losses(full)
 
 
-def test_a_new_run_never_overwrites_a_checkpoint(tmp_path, char_data):
-    out = run(tmp_path, char_data, '--max_iters=5', '--eval_interval=5')
+def test_a_new_run_never_overwrites_a_checkpoint(run):
+    out = run('--max_iters=5', '--eval_interval=5')
     before = (out / 'ckpt.pt').read_bytes()
     with pytest.raises(SystemExit, match='would overwrite it; continue it with --init_from=resume'):
-        run(tmp_path, char_data, '--max_iters=5', '--eval_interval=5')
+        run('--max_iters=5', '--eval_interval=5')
     assert (out / 'ckpt.pt').read_bytes() == before
 
 
-def test_eval_only(tmp_path, char_data, capsys):
-    run(tmp_path, char_data, '--max_iters=5', '--eval_interval=5')
+def test_eval_only(run, capsys):
+    run('--max_iters=5', '--eval_interval=5')
     capsys.readouterr()
-    run(tmp_path, char_data, '--init_from=resume', '--eval_only=True')
+    run('--init_from=resume', '--eval_only=True')
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith('iter 5: train loss')
 
 
-def test_resume_with_a_different_model_is_refused(tmp_path, char_data):
-    run(tmp_path, char_data, '--max_iters=5', '--eval_interval=5')
+def test_resume_with_a_different_model_is_refused(run):
+    run('--max_iters=5', '--eval_interval=5')
     with pytest.raises(SystemExit, match=r"n_layer=2 \(saved\) vs 3 \(now\)"):
-        run(tmp_path, char_data, '--max_iters=10', '--init_from=resume', '--n_layer=3')
+        run('--max_iters=10', '--init_from=resume', '--n_layer=3')
 
 
-def test_resume_without_checkpoint(tmp_path, char_data):
+def test_resume_without_checkpoint(run):
     with pytest.raises(SystemExit, match='no checkpoint in'):
-        run(tmp_path, char_data, '--init_from=resume')
+        run('--init_from=resume')
 
 
 def test_unprepared_dataset_names_the_prepare_command(tmp_path):
@@ -104,17 +82,17 @@ def test_unprepared_dataset_names_the_prepare_command(tmp_path):
         train.main(['--dataset=openwebtext', f'--data_dir={tmp_path}', '--device=cpu'])
 
 
-def test_config_error_and_missing_gpu_exit_cleanly(tmp_path, char_data):
+def test_config_error_and_missing_gpu_exit_cleanly(run):
     with pytest.raises(SystemExit, match="did you mean 'n_layer'"):
         train.main(['--n_layers=2'])
     if not torch.cuda.is_available():
-        with pytest.raises(SystemExit, match='sees no CUDA GPU'):
-            run(tmp_path, char_data, '--device=cuda')
+        with pytest.raises(SystemExit, match='sees no CUDA GPU .* stack config/cpu.py'):
+            run('--device=cuda')
 
 
 @pytest.fixture
-def trained(tmp_path, char_data):
-    return run(tmp_path, char_data, '--max_iters=40', '--eval_interval=20', config='shakespeare_rot.py')
+def trained(run):
+    return run('--max_iters=40', '--eval_interval=20', config='shakespeare_rot.py')
 
 
 def test_sample_produces_text(trained, capsys):
@@ -167,13 +145,13 @@ def test_wandb_is_offline_without_a_key(monkeypatch, tmp_path):
 
 def test_lr_schedule():
     cfg = configure.load(['--learning_rate=1.0', '--min_lr=0.1', '--warmup_iters=10', '--max_iters=110'])
-    assert train.get_lr(0, cfg) == pytest.approx(1 / 11)
-    assert train.get_lr(9, cfg) == pytest.approx(10 / 11)
-    assert train.get_lr(10, cfg) == pytest.approx(1.0)
-    assert train.get_lr(60, cfg) == pytest.approx(0.55)  # halfway down the cosine
-    assert train.get_lr(110, cfg) == train.get_lr(500, cfg) == pytest.approx(0.1)
-    assert train.get_lr(25, cfg, start=20) == pytest.approx(6 / 11)  # warmup restarts where the optimizer was reset
-    assert train.get_lr(7, configure.load(['--decay_lr=False', '--learning_rate=0.3'])) == 0.3
+    assert training.get_lr(0, cfg) == pytest.approx(1 / 11)
+    assert training.get_lr(9, cfg) == pytest.approx(10 / 11)
+    assert training.get_lr(10, cfg) == pytest.approx(1.0)
+    assert training.get_lr(60, cfg) == pytest.approx(0.55)  # halfway down the cosine
+    assert training.get_lr(110, cfg) == training.get_lr(500, cfg) == pytest.approx(0.1)
+    assert training.get_lr(25, cfg, start=20) == pytest.approx(6 / 11)  # warmup restarts where the optimizer was reset
+    assert training.get_lr(7, configure.load(['--decay_lr=False', '--learning_rate=0.3'])) == 0.3
 
 
 @pytest.mark.parametrize('qkv', ['dense', 'cayley', 'exp'])
@@ -194,10 +172,10 @@ def test_gradient_accumulation_equals_one_big_batch(qkv, monkeypatch):
     for micro_steps in (1, 2, 4):
         torch.manual_seed(0)
         m = GPT(configure.model_config(cfg)).double()
-        opt = train.make_optimizer(m, cfg, 'cpu')
+        opt = training.make_optimizer(m, cfg, 'cpu')
         parts = iter(zip(x.chunk(micro_steps), y.chunk(micro_steps)))
         maps.clear()
-        train.train_step(m, opt, StepScaler('cpu', 'float32'), lambda: next(parts), micro_steps, 1.0, nullcontext())
+        training.train_step(m, opt, StepScaler('cpu', 'float32'), lambda: next(parts), micro_steps, 1.0, nullcontext())
         assert len(maps) == (0 if qkv == "dense" else 1)  # every layer in one batched call
         models.append(torch.cat([p.detach().flatten() for p in m.parameters()]))
     assert torch.allclose(models[0], models[1], atol=1e-12) and torch.allclose(models[0], models[2], atol=1e-12)
@@ -207,14 +185,14 @@ def test_gradient_accumulation_equals_one_big_batch(qkv, monkeypatch):
 def test_raw_orthogonal_weights_are_not_decayed():
     from model import GPT
     cfg = configure.load(['--n_layer=2', '--n_head=2', '--n_embd=16', '--vocab_size=11', '--qkv=cayley'])
-    opt = train.make_optimizer(GPT(configure.model_config(cfg)), cfg, 'cpu')
+    opt = training.make_optimizer(GPT(configure.model_config(cfg)), cfg, 'cpu')
     decayed = {id(p) for p in opt.param_groups[0]['params']}
     raw = [p for g in opt.param_groups for p in g['params'] if p.shape == (48, 16)]
     assert len(raw) == 2 and not any(id(p) in decayed for p in raw)
 
 
-def test_help_anywhere(capsys):
-    train.main([os.path.join(ROOT, 'config', 'cpu.py'), '--help'])
+def test_help_anywhere(root, capsys):
+    train.main([os.path.join(root, 'config', 'cpu.py'), '--help'])
     assert 'keys (default):' in capsys.readouterr().out
 
 
@@ -229,13 +207,12 @@ def test_sample_argument_errors(trained, args, expected):
 
 
 @pytest.mark.skipif(not os.environ.get('TIKTOKEN_CACHE_DIR'), reason='GPT-2 BPE files: set TIKTOKEN_CACHE_DIR')
-def test_bpe_tokens_train_and_sample(tmp_path, capsys):
+def test_bpe_tokens_train_and_sample(tmp_path, capsys, tiny_text):
     """A dataset without meta.json is GPT-2 BPE: sample.py decodes it with tiktoken."""
     import numpy as np
     import tiktoken
 
-    from conftest import tiny_text
-    ids = np.array(tiktoken.get_encoding('gpt2').encode_ordinary(tiny_text()), dtype=np.uint16)
+    ids = np.array(tiktoken.get_encoding('gpt2').encode_ordinary(tiny_text), dtype=np.uint16)
     data = tmp_path / 'bpe'
     data.mkdir()
     ids[:len(ids) * 9 // 10].tofile(data / 'train.bin')
@@ -247,31 +224,3 @@ def test_bpe_tokens_train_and_sample(tmp_path, capsys):
     capsys.readouterr()
     sample.main([f'--out_dir={out}', '--start=ROMEO:', '--num_samples=1', '--max_new_tokens=5'])
     assert capsys.readouterr().out.startswith('ROMEO:')
-
-
-FAULTS = """
-import resource, sys, torch
-sys.path.insert(0, {root!r})
-import train
-
-def faults():  # minor page faults of three 64 MiB tensors, each written once and freed
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for _ in range(3):
-        torch.empty(16 << 20).fill_(1.0)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-
-faults()
-print(faults(), train.keep_freed_memory('cpu'), faults(), faults())
-"""
-
-
-@pytest.mark.skipif(not sys.platform.startswith('linux') or platform.libc_ver()[0] != 'glibc',
-                    reason='glibc on Linux only')
-def test_freed_cpu_memory_is_reused_without_page_faults():
-    """glibc hands a freed 64 MiB tensor back to the kernel, so the next one faults all its pages in
-    again; after keep_freed_memory the heap keeps it (in a fresh process: the setting is global)."""
-    out = subprocess.run([sys.executable, '-c', FAULTS.format(root=ROOT)], capture_output=True, text=True, check=True)
-    before, took, *after = out.stdout.split()
-    pages = 3 * (64 << 20) // os.sysconf('SC_PAGE_SIZE')
-    assert int(before) >= pages and took == 'True'
-    assert int(after[1]) < pages // 100  # the first round after the call may still grow the heap

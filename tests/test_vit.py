@@ -14,7 +14,8 @@ import sample
 import train
 from data import images
 from model import Block, GPTConfig, OrthogonalUpdate, ViT, ViTConfig
-from test_train import ROOT, evals, records
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def synthetic(n, size=28, seed=0):
@@ -177,11 +178,11 @@ def run_vit(tmp_path, idx_dir, *args, config='vit_fashion_add.py', out='out'):
     return out_dir
 
 
-def test_train_a_vit_end_to_end(tmp_path, idx_dir, capsys):
+def test_train_a_vit_end_to_end(logs, tmp_path, idx_dir, capsys):
     out = run_vit(tmp_path, idx_dir, '--max_iters=120', '--eval_interval=60', config='vit_fashion_ortho.py')
     printed = capsys.readouterr().out
     assert ' img/s, epoch ' in printed and 'top1' in printed
-    evals_ = [r for r in records(out) if 'val_loss' in r]
+    evals_ = [r for r in logs.records(out) if 'val_loss' in r]
     assert [r['iter'] for r in evals_] == [0, 60, 120]
     assert evals_[-1]['top1'] > 40 and evals_[-1]['top5'] >= evals_[-1]['top1']
     assert evals_[-1]['val_loss'] < evals_[0]['val_loss']
@@ -189,14 +190,14 @@ def test_train_a_vit_end_to_end(tmp_path, idx_dir, capsys):
         sample.main([f'--out_dir={out}'])
 
 
-def test_vit_resume_is_exact_with_every_augmentation(tmp_path, idx_dir):
+def test_vit_resume_is_exact_with_every_augmentation(logs, tmp_path, idx_dir):
     args = ['--eval_interval=10', '--lr_decay_iters=40', '--mixup_alpha=0.8', '--cutmix_alpha=1.0',
             '--erase_prob=0.25', '--dropout=0.1', '--crop_padding=2', '--hflip=True']
     full = run_vit(tmp_path, idx_dir, '--max_iters=40', *args, out='full')
     run_vit(tmp_path, idx_dir, '--max_iters=20', *args, out='part')
     part = run_vit(tmp_path, idx_dir, '--max_iters=40', '--init_from=resume', *args, out='part')
     strip = lambda d: [(r['iter'], r.get('loss'), r.get('val_loss'), r.get('top1'))  # noqa: E731
-                       for r in records(d) if 'event' not in r]
+                       for r in logs.records(d) if 'event' not in r]
     assert strip(part) == strip(full)
     assert checkpoint.load(part / 'ckpt.pt')['meta']['dataset'] == 'fashion_mnist'
 

@@ -1,0 +1,154 @@
+"""What train.py shares with the other tools: device and dtype, the optimizer and its schedule,
+one optimizer step, and the checks that a checkpoint can be resumed with a config."""
+
+import json
+import math
+import os
+import time
+from contextlib import nullcontext
+from dataclasses import fields
+
+import torch
+
+from model import maps_held
+from tasks import build_model, model_classes
+
+# model keys a resumed run may change: they choose the update rule or only the initial weights
+SWITCHABLE = {'residual', 'ortho_mode', 'ortho_eps', 'ortho_prob', 'ortho_layers', 'dropout', 'init',
+              'sigma_w', 'sigma_qk'}
+
+
+def fail(msg):
+    """Exit with a user's error. Under torchrun it goes to the error file torchrun reads too, so
+    that its failure report ends with the message rather than "To enable traceback see ..."."""
+    text = f"error: {msg}"
+    if os.environ.get('TORCHELASTIC_ERROR_FILE'):
+        with open(os.environ['TORCHELASTIC_ERROR_FILE'], 'w') as f:
+            json.dump({'message': text, 'timestamp': int(time.time())}, f)
+    raise SystemExit(text)
+
+
+def resolve_device(name):
+    if name == 'auto':
+        return 'cuda' if torch.cuda.is_available() else 'cpu'
+    if name.startswith('cuda') and not torch.cuda.is_available():
+        fail(f"--device={name} but torch {torch.__version__} sees no CUDA GPU "
+             f"({'a CPU-only build' if torch.version.cuda is None else 'none visible'}); on a CPU use --device=cpu "
+             f"and a model sized for it: stack config/cpu.py after the config")
+    if name == 'mps' and not torch.backends.mps.is_available():
+        fail("--device=mps but MPS is not available here; use --device=cpu")
+    return name
+
+
+def resolve_dtype(name, device_type):
+    if name != 'auto':
+        return name
+    if device_type == 'cuda':
+        return 'bfloat16' if torch.cuda.is_bf16_supported() else 'float16'
+    return 'float32'
+
+
+def autocast(device_type, dtype):
+    """The forward's autocast context: none for float32."""
+    return nullcontext() if dtype == 'float32' else torch.autocast(device_type, dtype=getattr(torch, dtype))
+
+
+def get_lr(it, cfg, start=0):
+    """Linear warmup over warmup_iters from `start` (0, or where the optimizer was reset),
+    then cosine decay to min_lr at lr_decay_iters."""
+    if not cfg.decay_lr:
+        return cfg.learning_rate
+    min_lr = cfg.learning_rate / 10 if cfg.min_lr is None else cfg.min_lr
+    decay_iters = (cfg.max_iters if cfg.lr_decay_iters is None else cfg.lr_decay_iters) - start
+    it -= start
+    if it < cfg.warmup_iters:
+        return cfg.learning_rate * (it + 1) / (cfg.warmup_iters + 1)
+    if it >= decay_iters:
+        return min_lr
+    ratio = (it - cfg.warmup_iters) / (decay_iters - cfg.warmup_iters)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg.learning_rate - min_lr)
+
+
+def make_optimizer(model, cfg, device_type):
+    """AdamW; weight decay on matrices and embeddings, none on gains and biases, nor on the raw W
+    behind orthogonal Q/K/V (decaying it pulls Q, K, V towards the identity, not towards zero).
+    Fused where PyTorch has the kernel (CUDA, CPU): one kernel for all parameters, and the
+    scaler's skip of a non-finite step stays on the device."""
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    decay = [p for n, p in params if p.dim() >= 2 and '.parametrizations.' not in n]
+    no_decay = [p for n, p in params if p.dim() < 2 or '.parametrizations.' in n]
+    groups = [{'params': decay, 'weight_decay': cfg.weight_decay}, {'params': no_decay, 'weight_decay': 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2),
+                             fused=device_type in ('cuda', 'cpu'))
+
+
+def hold_across_micro_steps(maps, micro_step, micro_steps):
+    """The orthogonal Q/K/V maps of one optimizer step (maps {map: value}, computed once by
+    model.maps_held) across its micro-steps: until the last one, backward stops at a leaf copy of
+    each value, where the gradients sum; the last backward runs through the maps once with that sum
+    added, so the raw weights (and DDP's hooks on them) get the whole step's gradient at once."""
+    for p, value in maps.items():
+        if micro_step == 0:
+            p.held = value.detach().requires_grad_()
+        elif micro_step == micro_steps - 1 and p.held.grad is not None:
+            extra, p.held = p.held.grad, value.view_as(value)
+            p.held.register_hook(lambda g, extra=extra: g + extra)
+        elif micro_step == micro_steps - 1:
+            p.held = value
+
+
+def train_step(model, optimizer, scaler, next_batch, micro_steps, grad_clip, amp, ddp=False):
+    """One optimizer step over micro_steps micro-batches from next_batch(); gradients average
+    over micro-batches (and, through DDP, over processes, synchronised on the last micro-step
+    only), under the autocast context amp. A step with an inf/nan gradient is skipped by the
+    scaler. Then the residual rule's after_step. Returns the last micro-batch's loss and each parameter's gradient norm, as device
+    tensors: nothing syncs."""
+    with maps_held(model, grad=True) as maps:
+        for micro_step in range(micro_steps):
+            x, y = next_batch()
+            if micro_steps > 1:
+                hold_across_micro_steps(maps, micro_step, micro_steps)
+            with model.no_sync() if ddp and micro_step < micro_steps - 1 else nullcontext(), amp:
+                _, loss = model(x, y)
+            scaler.scale(loss / micro_steps).backward()
+    scaler.unscale_(optimizer)
+    grads = [p.grad for group in optimizer.param_groups for p in group['params']]
+    norms = torch._foreach_norm(grads)  # what clip_grad_norm_ computes, kept per parameter
+    if grad_clip > 0:
+        total = torch.linalg.vector_norm(torch.stack(norms))
+        torch._foreach_mul_(grads, torch.clamp(grad_clip / (total + 1e-6), max=1.0))
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    (model.module if ddp else model).after_step()
+    return loss.detach(), norms
+
+
+def parameter_shapes(cfg):
+    """{name: shape} of the model cfg builds, built on the meta device (no memory, no init)."""
+    with torch.device('meta'):
+        return {n: tuple(t.shape) for n, t in build_model(cfg).state_dict().items()}
+
+
+def resume_problems(saved, cfg):
+    """Why the model of config `cfg` cannot continue one saved with config `saved` (empty if it can).
+    A changed residual rule is refused where the two rules build different parameters."""
+    problems = []
+    for k in (f.name for f in fields(model_classes(cfg)[1])):
+        before, now = getattr(saved, k), getattr(cfg, k)
+        if before == now or k in SWITCHABLE or k == 'vocab_size':  # the task explains a vocabulary change
+            continue
+        if k == 'block_size':
+            problems.append(f"block_size={now}: the checkpoint's position table has {before} positions; "
+                            f"resume with --block_size={before}")
+        else:
+            problems.append(f"{k}={before!r} (saved) vs {now!r} (now)")
+    if not problems and saved.residual != cfg.residual:
+        old, new = parameter_shapes(saved), parameter_shapes(cfg)
+        if old != new:
+            differ = sorted({n for n, _ in set(old.items()) ^ set(new.items())})
+            problems.append(f"residual {saved.residual!r} -> {cfg.residual!r}: the two rules build different "
+                            f"parameters ({', '.join(differ[:3])}{', ...' if len(differ) > 3 else ''}), "
+                            f"so the weights do not carry over; switch between rules that keep them, such as "
+                            f"'additive' and 'orthogonal'")
+    return problems
