@@ -413,18 +413,21 @@ class Run:
                   f"at iteration {self.iter_num}; {what}")
 
     def time_micro_step(self):
-        """Seconds of one micro-batch's forward and backward here, scaled from a quarter of the
-        pending batch (the second of two passes). Changes no weight, gradient, random state or
-        data position: a run is the same with it or without."""
+        """Seconds of one micro-batch's forward and backward here: a quarter of the pending batch,
+        twice, scaled up; where that comes to under 2 s, the whole batch once more, which counts
+        instead. Changes no weight, gradient, random state or data position."""
         rng, raw, (x, y) = torch.get_rng_state(), self.raw_model, self.task.batch
-        n = -(-len(x) // 4)
+        sizes = [-(-len(x) // 4)] * 2
         try:
-            for _ in range(2):
+            while sizes:
+                n = sizes.pop(0)
                 t0 = time.perf_counter()
                 with maps_held(raw, grad=True), self.env.autocast:
                     _, loss = raw(x[:n], y[:n])
                 loss.backward()
                 seconds = (time.perf_counter() - t0) * len(x) / n
+                if not sizes and n < len(x) and seconds < 2:
+                    sizes.append(len(x))
         except (torch.OutOfMemoryError, RuntimeError) as e:
             if not isinstance(e, torch.OutOfMemoryError) and "can't allocate memory" not in str(e):
                 raise
@@ -444,7 +447,7 @@ class Run:
         total = seconds * (iters * cfg.gradient_accumulation_steps // self.env.world
                            + evals * self.task.eval_batches(cfg.eval_iters) / 3)  # a forward: ~1/3 of both
         print(f"on this CPU: about {format_eta(total)} for {iters} iterations and {evals} evaluations "
-              f"(timed: a forward and backward pass of a quarter batch, twice)")
+              f"(from timing its forward and backward pass)")
         if total > CPU_PATIENCE:
             command = cpu_command(argv)
             if command:
