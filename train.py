@@ -457,8 +457,8 @@ class Run:
             else:
                 fix = "lower max_iters, or the model size (n_layer, n_embd)"
             print(f"note: this config is sized for a GPU ({cfg.n_layer} layers x {cfg.n_embd}, {self.task.items_per_iter:,} "
-                  f"{self.task.unit} a step) and runs on the CPU here; {fix}\nGoing on as asked: Ctrl-C stops it with a "
-                  f"checkpoint.")
+                  f"{self.task.unit} a step) and runs on the CPU here; {fix}\nGoing on as asked (Ctrl-C stops it, saving what it "
+                  f"has trained).")
 
     def finish(self):
         self.interrupt.restore()

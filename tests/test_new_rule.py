@@ -1,6 +1,6 @@
 """A fifth residual rule, defined here and registered, works everywhere with no project file edited:
-the config and --help, training and its after-step hook, resume checks, torch.compile, cached
-decoding, the gradient-norm diagnostic, the dynamics statistics and bench.py."""
+the config and --help, training and its after-step hook, sample.py, resume and its checks,
+torch.compile, cached decoding, the gradient-norm diagnostic, the dynamics statistics and bench.py."""
 
 import csv
 import math
@@ -15,6 +15,7 @@ import checkpoint
 import configure
 import diagnostics
 import plot_grad_norms
+import sample
 from model import GPT, RESIDUALS, DecodeCache, GPTConfig, ResidualUpdate, register
 
 TINY_GPT = dict(n_layer=2, n_head=2, n_embd=16, block_size=16, vocab_size=11)
@@ -63,7 +64,7 @@ def test_the_config_and_help_accept_it():
         configure.load(['--residual=spheer'])
 
 
-def test_it_trains_with_its_hook_and_resumes_only_into_its_own_architecture(run, logs):
+def test_it_trains_with_its_hook_samples_and_resumes_only_into_its_own_architecture(run, logs, capsys):
     out = run('--residual=sphere', '--max_iters=20', '--eval_interval=10', '--learning_rate=3e-2')
     history = logs.evals(out)
     assert history[-1][1] < history[0][1]
@@ -71,6 +72,9 @@ def test_it_trains_with_its_hook_and_resumes_only_into_its_own_architecture(run,
     assert not any('ln_' in k for k in state)  # keeps_norm: no norms in the blocks, none at the end
     g = gains(state)
     assert g.max() == 1 and g.min() < 1  # trained, and after_step clamped the gains that rose
+    capsys.readouterr()
+    sample.main([f'--out_dir={out}', '--start=ROMEO:', '--num_samples=1', '--max_new_tokens=8'])
+    assert capsys.readouterr().out.startswith('ROMEO:')
     run('--residual=sphere', '--max_iters=30', '--eval_interval=10', '--learning_rate=3e-2', '--init_from=resume')
     assert logs.evals(out)[-1][0] == 30
     with pytest.raises(SystemExit, match="residual 'sphere' -> 'additive': the two rules build different parameters"):
