@@ -17,6 +17,9 @@ import os
 
 import torch
 
+import configure
+from model import GPT
+
 
 class CheckpointError(RuntimeError):
     pass
@@ -133,3 +136,20 @@ def load_latest(out_dir, map_location='cpu'):
         raise CheckpointError(f"no checkpoint in {out_dir}; train one first (python train.py CONFIG) "
                               f"or point --out_dir at the folder holding ckpt.pt")
     raise CheckpointError("no usable checkpoint in " + out_dir + ":\n  " + "\n  ".join(r for _, r in refused))
+
+
+def load_language_model(out_dir, name=None, map_location='cpu'):
+    """(GPT in eval mode, its checkpoint, its Config) from out_dir/name (default: best.pt, else
+    ckpt.pt); an image classifier's checkpoint is refused."""
+    name = name or ('best.pt' if os.path.exists(os.path.join(out_dir, 'best.pt')) else 'ckpt.pt')
+    path = os.path.join(out_dir, name)
+    ckpt = load(path, map_location)
+    try:
+        cfg = configure.from_dict(ckpt['config'])
+    except configure.ConfigError as e:
+        raise CheckpointError(f"{path}: {e}") from None
+    if ckpt.get('meta') and 'itos' not in ckpt['meta']:
+        raise CheckpointError(f"{path} is an image classifier ({ckpt['meta'].get('dataset')}), not a language model")
+    model = GPT(configure.model_config(cfg))
+    model.load_state_dict(ckpt['model'])
+    return model.eval(), ckpt, cfg

@@ -243,7 +243,7 @@ class BlockConfig:
     dropout: float = 0.0
     bias: bool = False  # bias in Linear layers and LayerNorm
     norm: Literal['layernorm', 'rmsnorm'] = 'layernorm'  # pre-norm type (none with a norm-keeping rule)
-    activation: Literal['gelu', 'relu'] = 'gelu'
+    activation: Literal['gelu', 'gelu_tanh', 'relu'] = 'gelu'  # gelu_tanh: GPT-2's approximation
     residual: str = field(default='additive', metadata={'choices': RESIDUALS})  # the update rule
     ortho_mode: Literal['feature', 'global'] = 'feature'  # [Oh] Alg. 1 / Alg. 2
     ortho_eps: float = 1e-6  # [Oh] Eq. 3, Sec. 4.6
@@ -349,7 +349,8 @@ class MLP(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
-        self.act = nn.ReLU() if cfg.activation == 'relu' else nn.GELU()
+        approximate = 'tanh' if cfg.activation == 'gelu_tanh' else 'none'
+        self.act = nn.ReLU() if cfg.activation == 'relu' else nn.GELU(approximate=approximate)
         self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
 
@@ -470,6 +471,14 @@ class GPT(Trunk, nn.Module):
         if config.tie_weights:
             self.wte.weight = self.lm_head.weight
         self.init_weights()
+
+    @classmethod
+    def from_pretrained(cls, name_or_dir, **overrides):
+        """A GPT with the weights of OpenAI's GPT-2 ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl',
+        from the Hugging Face hub) or of a Hugging Face folder: GPT-2's, or one export.py wrote.
+        overrides: config keys that keep the weights (dropout, residual, ...; see hf.py)."""
+        import hf
+        return hf.load_model(name_or_dir, **overrides)
 
     @torch.no_grad()
     def init_weights(self):

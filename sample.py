@@ -13,14 +13,11 @@ off for long or many samples.
 """
 
 import argparse
-import os
 import sys
 
 import torch
 
 import checkpoint
-import configure
-from model import GPT
 from training import resolve_device
 
 
@@ -61,19 +58,12 @@ def main(argv=None):
     if args.top_k is not None and args.top_k < 1:
         sys.exit(f"error: --top_k={args.top_k} must be at least 1")
 
-    name = args.ckpt or ('best.pt' if os.path.exists(os.path.join(args.out_dir, 'best.pt')) else 'ckpt.pt')
     device = resolve_device(args.device)
     try:
-        ckpt = checkpoint.load(os.path.join(args.out_dir, name), map_location=device)
-        cfg = configure.from_dict(ckpt['config'])
-    except (checkpoint.CheckpointError, configure.ConfigError) as e:
+        model, ckpt, cfg = checkpoint.load_language_model(args.out_dir, args.ckpt, map_location=device)
+    except checkpoint.CheckpointError as e:
         sys.exit(f"error: {e}")
-    if ckpt.get('meta') and 'itos' not in ckpt['meta']:
-        sys.exit(f"error: {os.path.join(args.out_dir, name)} is an image classifier ({ckpt['meta'].get('dataset')}); "
-                 f"sample.py generates text from language models")
-    model = GPT(configure.model_config(cfg))
-    model.load_state_dict(ckpt['model'])
-    model.eval().to(device)
+    model.to(device)
     try:
         model.window_shift(args.shift)
     except ValueError as e:

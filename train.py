@@ -25,7 +25,7 @@ import signal
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import torch
@@ -35,8 +35,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import checkpoint
 import configure
 import diagnostics
+import hf
 from guards import Interrupt, Interrupted, NonFinite, StepScaler, rng_state, seed_all, set_rng_state
-from model import maps_held
+from model import GPTConfig, maps_held
 from tasks import DataError, make_task
 from training import autocast, fail, get_lr, make_optimizer, resolve_device, resolve_dtype, resume_problems, train_step
 
@@ -158,37 +159,70 @@ def setup(cfg):
     return Env(rank, local_rank, world, ddp, device, dtype, autocast(device_type, dtype))
 
 
-def load_resume(cfg, task, env):
-    """(checkpoint, history, changes) to continue from, or (None, [], {}) for a run from scratch."""
-    if cfg.init_from == 'scratch':
-        if os.path.exists(os.path.join(cfg.out_dir, 'ckpt.pt')):
-            fail(f"{os.path.join(cfg.out_dir, 'ckpt.pt')} exists and a run from scratch would overwrite it; continue "
-                 f"it with --init_from=resume, or pick another --out_dir (or delete the old one)")
-        return None, [], {}
+def starting_point(cfg, env):
+    """(cfg, checkpoint, pretrained state): what the run starts from, a checkpoint of its own to
+    resume (--init_from=resume), pretrained weights (a GPT-2 name or a Hugging Face folder: hf.py),
+    or nothing. Pretrained weights fix the architecture, for the run and for its resumptions."""
     try:
-        ckpt, path, refused = checkpoint.load_latest(cfg.out_dir)
+        if cfg.init_from == 'resume':
+            ckpt = read_checkpoint(cfg.out_dir, env)
+            saved = configure.from_dict(ckpt['config'])
+            if hf.is_pretrained(saved.init_from):
+                cfg = hf.adopt(cfg, {f.name: getattr(saved, f.name) for f in fields(GPTConfig)})
+            return cfg, ckpt, None
+        path = os.path.join(cfg.out_dir, 'ckpt.pt')
+        if os.path.exists(path):
+            fail(f"{path} exists and a new run would overwrite it; continue it with --init_from=resume, or "
+                 f"pick another --out_dir (or delete the old one)")
+        if hf.is_pretrained(cfg.init_from):
+            keys, state = hf.read(cfg.init_from)
+            return hf.adopt(cfg, keys), None, state
+        return cfg, None, None
+    except hf.PretrainedError as e:
+        fail(str(e))
+
+
+def read_checkpoint(out_dir, env):
+    try:
+        ckpt, path, refused = checkpoint.load_latest(out_dir)
     except checkpoint.CheckpointError as e:
         fail(str(e))
     if env.master:
         for _, reason in refused:
             print(f"warning: {reason}")
         print(f"resuming from {path} (iteration {ckpt['iter_num']})")
+    return ckpt
+
+
+def resume_changes(cfg, task, ckpt):
+    """(history, changes) of a resumed run, after checking that cfg can continue the checkpoint."""
+    if ckpt is None:
+        return [], {}
     saved = configure.from_dict(ckpt['config'])
     problems = resume_problems(saved, cfg) + task.resume_problems(saved, ckpt.get('meta'))
     if problems:
-        fail(f"cannot resume {path} with this config:\n  " + "\n  ".join(problems))
+        fail(f"cannot resume from {cfg.out_dir} with this config:\n  " + "\n  ".join(problems))
     changes = {k: [v, getattr(cfg, k)] for k, v in asdict(saved).items()
                if k not in UNRECORDED and v != getattr(cfg, k)}
-    return ckpt, ckpt.get('history', []), changes
+    return ckpt.get('history', []), changes
 
 
 class Run:
     """One training run: the model, its optimizer and counters, the logs, and what saves them."""
 
-    def __init__(self, cfg, task, env, ckpt, history, changes):
-        self.cfg, self.task, self.env, self.history = cfg, task, env, history
+    def __init__(self, cfg, task, env, ckpt, pretrained):
+        self.cfg, self.task, self.env = cfg, task, env
+        self.history, changes = resume_changes(cfg, task, ckpt)
         seed_all(cfg.seed)  # the same initial weights in every process
-        self.raw_model = task.model().to(env.device)
+        self.raw_model = task.model()
+        if pretrained is not None:
+            try:
+                hf.fit(self.raw_model, pretrained)
+            except hf.PretrainedError as e:
+                fail(f"{cfg.init_from}: {e}")
+            if env.master:
+                print(f"starting from the weights of {cfg.init_from}")
+        self.raw_model.to(env.device)
         self.optimizer = make_optimizer(self.raw_model, cfg, env.device_type)
         self.scaler = StepScaler(env.device_type, env.dtype)
         self.iter_num, self.best_val_loss, self.schedule_start, self.last_eval = 0, float('inf'), 0, -1
@@ -483,13 +517,13 @@ def main(argv=None):
     was_deterministic = torch.are_deterministic_algorithms_enabled()
     env = setup(cfg)
     try:
+        cfg, ckpt, pretrained = starting_point(cfg, env)
         try:
             task = make_task(cfg, env.device, env.rank, env.world)
         except DataError as e:
             fail(str(e))
-        ckpt, history, changes = load_resume(task.cfg, task, env)
-        run = Run(task.cfg, task, env, ckpt, history, changes)
-        del ckpt
+        run = Run(task.cfg, task, env, ckpt, pretrained)
+        del ckpt, pretrained
         try:
             if env.device_type == 'cpu' and env.master and not task.cfg.eval_only:
                 run.estimate(argv)

@@ -13,7 +13,9 @@ from model import GPTConfig, ViTConfig, at_least_one
 class Config(GPTConfig, ViTConfig):
     # output, evaluation, logging
     out_dir: str = 'out'
-    init_from: Literal['scratch', 'resume'] = 'scratch'  # 'resume': continue from out_dir/ckpt.pt
+    # 'resume': continue from out_dir's checkpoint; pretrained weights: 'gpt2', 'gpt2-medium', 'gpt2-large',
+    # 'gpt2-xl' (from the Hugging Face hub) or a folder with config.json and model.safetensors (hf.py)
+    init_from: str = 'scratch'
     reset_optimizer: bool = False  # on resume: fresh AdamW state and a schedule restarted there
     keep_last_n: int = 2  # also keep the last n checkpoints as ckpt-<iter>.pt (0: none)
     eval_interval: int = 250  # iterations between evaluations (and checkpoints)

@@ -13,7 +13,7 @@ import checkpoint
 import sample
 import train
 from data import images
-from model import Block, GPTConfig, OrthogonalUpdate, ViT, ViTConfig
+from model import Block, OrthogonalUpdate, ViT, ViTConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
