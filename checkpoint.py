@@ -7,15 +7,21 @@ checksum does not match, or that does not unpickle (truncated, not a checkpoint)
 
 In an out_dir: ckpt.pt is the latest, ckpt-<iter>.pt the last keep_last_n saves (hard links, so
 the newest costs no space) and best.pt the one with the best val loss. load_latest() takes the
-newest of them that verifies.
+newest of them that verifies. A run with parallel='fsdp' keeps its model and optimizer state in
+ckpt-<iter>.dcp folders instead, written by every process with torch.distributed.checkpoint and
+readable on any number of processes; the checkpoint file names its folder ('sharded').
 """
 
 import glob
 import hashlib
 import json
 import os
+import shutil
+import warnings
 
 import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 import configure
 from model import GPT
@@ -151,5 +157,44 @@ def load_language_model(out_dir, name=None, map_location='cpu'):
     if ckpt.get('meta') and 'itos' not in ckpt['meta']:
         raise CheckpointError(f"{path} is an image classifier ({ckpt['meta'].get('dataset')}), not a language model")
     model = GPT(configure.model_config(cfg))
-    model.load_state_dict(ckpt['model'])
+    if ckpt.get('sharded'):
+        load_sharded(model, None, os.path.join(out_dir, ckpt['sharded']))
+    else:
+        model.load_state_dict(ckpt['model'])
     return model.eval(), ckpt, cfg
+
+
+def save_sharded(model, optimizer, out_dir, iter_num):
+    """Every process's shards of the model and optimizer state, written together into
+    out_dir/ckpt-<iter>.dcp (torch.distributed.checkpoint); returns the folder's name."""
+    name = f'ckpt-{iter_num:07d}.dcp'
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp.save({'model': model_state, 'optimizer': optim_state}, checkpoint_id=os.path.join(out_dir, name))
+    return name
+
+
+def load_sharded(model, optimizer, folder):
+    """Load a ckpt-<iter>.dcp folder into model (sharded over any number of processes, or whole)
+    and, unless None, its optimizer."""
+    model_state, optim_state = get_state_dict(model, [optimizer] if optimizer else [])
+    state = {'model': model_state, **({'optimizer': optim_state} if optimizer else {})}
+    with warnings.catch_warnings():  # that one process loads the shards of several is what is meant here
+        warnings.filterwarnings('ignore', message='torch.distributed is disabled')
+        dcp.load(state, checkpoint_id=folder)
+    set_state_dict(model, [optimizer] if optimizer else [], model_state_dict=state['model'],
+                   optim_state_dict=state.get('optimizer', {}))
+
+
+def prune_sharded(out_dir):
+    """Delete the ckpt-<iter>.dcp folders that no checkpoint file names any more (none while one
+    of those files cannot be read)."""
+    named = set()
+    for path in [os.path.join(out_dir, 'ckpt.pt'), *snapshots(out_dir), os.path.join(out_dir, 'best.pt')]:
+        if os.path.exists(path):
+            try:
+                named.add(load(path)['sharded'])
+            except CheckpointError:
+                return
+    for folder in glob.glob(os.path.join(out_dir, 'ckpt-[0-9]*.dcp')):
+        if os.path.basename(folder) not in named:
+            shutil.rmtree(folder)

@@ -25,12 +25,11 @@ import signal
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, fields
-from typing import Any
+from contextlib import nullcontext
+from dataclasses import asdict, fields
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 import checkpoint
 import configure
@@ -39,7 +38,7 @@ import hf
 from guards import Interrupt, Interrupted, NonFinite, StepScaler, rng_state, seed_all, set_rng_state
 from model import GPTConfig, maps_held
 from tasks import DataError, make_task
-from training import autocast, fail, get_lr, make_optimizer, resolve_device, resolve_dtype, resume_problems, train_step
+from training import fail, fingerprint, get_lr, parallelize, resume_problems, setup, train_step
 
 UNRECORDED = {'init_from', 'eval_only', 'reset_optimizer'}
 CPU_PATIENCE = 3600  # seconds: a CPU run expected to take longer is told of config/cpu.py
@@ -114,51 +113,6 @@ def cpu_command(argv):
     return shlex.join(['python', 'train.py', *files, cpu, *overrides])
 
 
-@dataclass
-class Env:
-    """Where this process runs: its rank among `world` processes, device, dtype and autocast."""
-    rank: int
-    local_rank: int
-    world: int
-    ddp: bool
-    device: str
-    dtype: str
-    autocast: Any
-
-    @property
-    def master(self):
-        return self.rank == 0
-
-    @property
-    def device_type(self):
-        return self.device.split(':')[0]
-
-
-def setup(cfg):
-    """This process's Env: joins torchrun's process group, picks device and dtype."""
-    device = resolve_device(cfg.device)
-    rank, local_rank, world = 0, 0, 1
-    ddp = 'RANK' in os.environ  # set by torchrun
-    if ddp:
-        rank, local_rank, world = (int(os.environ[k]) for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE'))
-        if device.startswith('cuda'):
-            device = f'cuda:{local_rank}'
-            torch.cuda.set_device(device)
-        dist.init_process_group('nccl' if device.startswith('cuda') else 'gloo')
-    if cfg.gradient_accumulation_steps % world:
-        fail(f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} is not divisible by the "
-             f"{world} processes; use a multiple of {world}")
-    device_type = device.split(':')[0]
-    dtype = resolve_dtype(cfg.dtype, device_type)
-    if device_type == 'cuda' and dtype == 'float32':  # else TF32 would only blur the orthogonal Q/K/V maps
-        torch.set_float32_matmul_precision('high')
-    if cfg.deterministic:
-        os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')
-        torch.use_deterministic_algorithms(True)
-        torch.backends.cudnn.benchmark = False
-    return Env(rank, local_rank, world, ddp, device, dtype, autocast(device_type, dtype))
-
-
 def starting_point(cfg, env):
     """(cfg, checkpoint, pretrained state): what the run starts from, a checkpoint of its own to
     resume (--init_from=resume), pretrained weights (a GPT-2 name or a Hugging Face folder: hf.py),
@@ -223,18 +177,13 @@ class Run:
             if env.master:
                 print(f"starting from the weights of {cfg.init_from}")
         self.raw_model.to(env.device)
-        self.optimizer = make_optimizer(self.raw_model, cfg, env.device_type)
+        self.model, self.optimizer = parallelize(self.raw_model, cfg, env)
         self.scaler = StepScaler(env.device_type, env.dtype)
         self.iter_num, self.best_val_loss, self.schedule_start, self.last_eval = 0, float('inf'), 0, -1
         seed_all(cfg.seed + env.rank)  # dropout and stochastic connections differ per process
         if ckpt is not None:
             self.restore(ckpt, changes)
         self.start_iter = self.iter_num
-        self.model = self.raw_model
-        if cfg.compile if cfg.compile is not None else env.device_type == 'cuda':
-            self.model = torch.compile(self.model)
-        if env.ddp:
-            self.model = DDP(self.model, device_ids=[env.local_rank] if env.device_type == 'cuda' else None)
         names = {p: n for n, p in self.raw_model.named_parameters()}
         self.nonfinite = NonFinite([names[p] for g in self.optimizer.param_groups for p in g['params']], env.device)
         self.open_logs()
@@ -242,12 +191,20 @@ class Run:
 
     def restore(self, ckpt, changes):
         cfg, env = self.cfg, self.env
-        self.raw_model.load_state_dict(ckpt['model'])
+        if bool(ckpt.get('sharded')) != env.fsdp:
+            fail(f"the checkpoint in {cfg.out_dir} was written with parallel={'fsdp' if ckpt.get('sharded') else 'ddp'!r}; "
+                 f"resume it with that value (FSDP under torchrun)")
+        if env.fsdp:
+            checkpoint.load_sharded(self.raw_model, None if cfg.reset_optimizer else self.optimizer,
+                                    os.path.join(cfg.out_dir, ckpt['sharded']))
+        else:
+            self.raw_model.load_state_dict(ckpt['model'])
         self.iter_num, self.best_val_loss = ckpt['iter_num'], ckpt['best_val_loss']
         self.last_eval = ckpt.get('last_eval', self.iter_num)  # an interrupted evaluation is run again
         self.schedule_start = self.iter_num if cfg.reset_optimizer else ckpt.get('schedule_start', 0)
         if not cfg.reset_optimizer:
-            self.optimizer.load_state_dict(ckpt['optimizer'])
+            if not env.fsdp:
+                self.optimizer.load_state_dict(ckpt['optimizer'])
             if ckpt['scaler']:
                 self.scaler.load_state_dict(ckpt['scaler'])
         streams = ckpt['streams']
@@ -297,18 +254,20 @@ class Run:
         cfg, env, raw = self.cfg, self.env, self.raw_model
         mine = {'data': self.task.state_dict(), 'rng': rng_state(env.device_type),
                 'batch_starts': getattr(self.task.loader, 'last_starts', None),
-                'weights': torch.stack([p.detach().double().sum() for p in raw.parameters()]).cpu()}
+                'weights': fingerprint(raw)}
         streams = [mine]
         if env.ddp:
             streams = [None] * env.world
             dist.all_gather_object(streams, mine)
-            if not all(torch.equal(s['weights'], mine['weights']) for s in streams):
+            if not env.fsdp and not all(torch.equal(s['weights'], mine['weights']) for s in streams):
                 fail(f"at iteration {self.iter_num} the {env.world} processes hold different weights: "
                      f"DDP replicas diverged")
+        sharded = checkpoint.save_sharded(raw, self.optimizer, cfg.out_dir, self.iter_num) if env.fsdp else None
         if not env.master:
             return
         path = os.path.join(cfg.out_dir, 'ckpt.pt')
-        checkpoint.save({'model': raw.state_dict(), 'optimizer': self.optimizer.state_dict(),
+        checkpoint.save({'model': None if sharded else raw.state_dict(),
+                         'optimizer': None if sharded else self.optimizer.state_dict(), 'sharded': sharded,
                          'scaler': self.scaler.state_dict(), 'iter_num': self.iter_num,
                          'best_val_loss': self.best_val_loss, 'schedule_start': self.schedule_start,
                          'last_eval': self.last_eval,
@@ -317,11 +276,13 @@ class Run:
         checkpoint.snapshot(cfg.out_dir, self.iter_num, cfg.keep_last_n)
         if best:
             checkpoint.link(path, os.path.join(cfg.out_dir, 'best.pt'))
+        if sharded:
+            checkpoint.prune_sharded(cfg.out_dir)
 
     def evaluate(self):
         """The task's metrics; a signal stops it between batches (guards.Interrupted)."""
         env = self.env
-        with maps_held(self.model):
+        with nullcontext() if env.fsdp else maps_held(self.model):  # under FSDP each layer maps its own W
             return self.task.evaluate(self.model, env.autocast, env.ddp, self.cfg.eval_iters,
                                       lambda: self.interrupt.check(env.ddp, env.device))
 
@@ -350,7 +311,7 @@ class Run:
         try:
             loss, grad_norms = train_step(self.model, self.optimizer, self.scaler, self.task.next_batch,
                                           cfg.gradient_accumulation_steps // self.env.world, cfg.grad_clip,
-                                          self.env.autocast, self.env.ddp)
+                                          self.env.autocast, self.env)
         except torch.OutOfMemoryError:
             fail(oom_advice(cfg, self.iter_num == self.start_iter))
         except RuntimeError as e:
@@ -525,7 +486,7 @@ def main(argv=None):
         run = Run(task.cfg, task, env, ckpt, pretrained)
         del ckpt, pretrained
         try:
-            if env.device_type == 'cpu' and env.master and not task.cfg.eval_only:
+            if env.device_type == 'cpu' and env.master and not env.fsdp and not task.cfg.eval_only:
                 run.estimate(argv)
             run.loop()
         finally:

@@ -1,14 +1,20 @@
-"""What train.py shares with the other tools: device and dtype, the optimizer and its schedule,
-one optimizer step, and the checks that a checkpoint can be resumed with a config."""
+"""What train.py shares with the other tools: the process and its device and dtype, DDP or FSDP,
+the optimizer and its schedule, one optimizer step, and the checks that a checkpoint can be
+resumed with a config."""
 
 import json
 import math
 import os
 import time
 from contextlib import nullcontext
-from dataclasses import fields
+from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from model import maps_held
 from tasks import build_model, model_classes
@@ -51,6 +57,83 @@ def resolve_dtype(name, device_type):
 def autocast(device_type, dtype):
     """The forward's autocast context: none for float32."""
     return nullcontext() if dtype == 'float32' else torch.autocast(device_type, dtype=getattr(torch, dtype))
+
+
+@dataclass
+class Env:
+    """Where this process runs: its rank among `world` processes, device, dtype and autocast."""
+    rank: int
+    local_rank: int
+    world: int
+    ddp: bool  # launched by torchrun: a process group, gradients synchronised
+    fsdp: bool  # parameters sharded over it (parallel='fsdp')
+    device: str
+    dtype: str
+    autocast: Any
+
+    @property
+    def master(self):
+        return self.rank == 0
+
+    @property
+    def device_type(self):
+        return self.device.split(':')[0]
+
+
+def setup(cfg):
+    """This process's Env: joins torchrun's process group, picks device and dtype."""
+    device = resolve_device(cfg.device)
+    rank, local_rank, world = 0, 0, 1
+    ddp = 'RANK' in os.environ  # set by torchrun
+    if ddp:
+        rank, local_rank, world = (int(os.environ[k]) for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE'))
+        if device.startswith('cuda'):
+            device = f'cuda:{local_rank}'
+            torch.cuda.set_device(device)
+        dist.init_process_group('nccl' if device.startswith('cuda') else 'gloo')
+    fsdp = cfg.parallel == 'fsdp'
+    if fsdp and not ddp:
+        fail("parallel='fsdp' shards the model over torchrun's processes: launch with torchrun "
+             "(--nproc_per_node=1 for one process)")
+    if cfg.gradient_accumulation_steps % world:
+        fail(f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} is not divisible by the "
+             f"{world} processes; use a multiple of {world}")
+    device_type = device.split(':')[0]
+    dtype = resolve_dtype(cfg.dtype, device_type)
+    if fsdp and dtype == 'float16':
+        fail("parallel='fsdp' computes in bfloat16 or float32 here (float16 would need a sharded loss scaler): "
+             "use --dtype=bfloat16")
+    if device_type == 'cuda' and dtype == 'float32':  # else TF32 would only blur the orthogonal Q/K/V maps
+        torch.set_float32_matmul_precision('high')
+    if cfg.deterministic:
+        os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
+    amp = nullcontext() if fsdp else autocast(device_type, dtype)  # FSDP casts by its MixedPrecisionPolicy
+    return Env(rank, local_rank, world, ddp, fsdp, device, dtype, amp)
+
+
+def parallelize(model, cfg, env):
+    """(the model to train, its optimizer). FSDP2 shards every block and then the whole model over
+    the process group (fully_shard), computing in env's dtype and reducing gradients in float32;
+    DDP keeps a replica per process. torch.compile (cfg.compile; default: on CUDA) comes between."""
+    if env.fsdp:
+        mp = MixedPrecisionPolicy(param_dtype=getattr(torch, env.dtype), reduce_dtype=torch.float32)
+        for block in model.blocks:
+            fully_shard(block, mp_policy=mp)
+        fully_shard(model, mp_policy=mp)
+    optimizer = make_optimizer(model, cfg, env.device_type)
+    if cfg.compile if cfg.compile is not None else env.device_type == 'cuda':
+        model = torch.compile(model)
+    if env.ddp and not env.fsdp:
+        model = DDP(model, device_ids=[env.local_rank] if env.device_type == 'cuda' else None)
+    return model, optimizer
+
+
+def fingerprint(model):
+    """Each parameter's sum in float64, of this process's shard under FSDP: equal across DDP replicas."""
+    return torch.stack([(p.to_local() if isinstance(p, DTensor) else p).detach().double().sum()
+                        for p in model.parameters()]).cpu()
 
 
 def get_lr(it, cfg, start=0):
@@ -97,30 +180,40 @@ def hold_across_micro_steps(maps, micro_step, micro_steps):
             p.held = value
 
 
-def train_step(model, optimizer, scaler, next_batch, micro_steps, grad_clip, amp, ddp=False):
+def synchronising(model, env, last):
+    """A micro-step's context: gradients reduced across processes on the last micro-step only."""
+    if env is not None and env.fsdp:
+        model.set_requires_gradient_sync(last)
+    return model.no_sync() if env is not None and env.ddp and not env.fsdp and not last else nullcontext()
+
+
+def train_step(model, optimizer, scaler, next_batch, micro_steps, grad_clip, amp, env=None):
     """One optimizer step over micro_steps micro-batches from next_batch(); gradients average
-    over micro-batches (and, through DDP, over processes, synchronised on the last micro-step
-    only), under the autocast context amp. A step with an inf/nan gradient is skipped by the
-    scaler. Then the residual rule's after_step. Returns the last micro-batch's loss and each parameter's gradient norm, as device
-    tensors: nothing syncs."""
-    with maps_held(model, grad=True) as maps:
+    over micro-batches (and over env's processes, reduced on the last micro-step only), under the
+    autocast context amp. The orthogonal Q/K/V maps are computed once for all micro-steps, except
+    under FSDP, where each layer's raw W is whole only inside its own forward. A step with an
+    inf/nan gradient is skipped by the scaler. Then the residual rule's after_step. Returns the
+    last micro-batch's loss and each parameter's gradient norm, as device tensors: nothing syncs."""
+    with nullcontext({}) if env is not None and env.fsdp else maps_held(model, grad=True) as maps:
         for micro_step in range(micro_steps):
             x, y = next_batch()
             if micro_steps > 1:
                 hold_across_micro_steps(maps, micro_step, micro_steps)
-            with model.no_sync() if ddp and micro_step < micro_steps - 1 else nullcontext(), amp:
+            with synchronising(model, env, micro_step == micro_steps - 1), amp:
                 _, loss = model(x, y)
             scaler.scale(loss / micro_steps).backward()
     scaler.unscale_(optimizer)
     grads = [p.grad for group in optimizer.param_groups for p in group['params']]
     norms = torch._foreach_norm(grads)  # what clip_grad_norm_ computes, kept per parameter
+    if isinstance(norms[0], DTensor):  # FSDP: each a partial norm of the shards, reduced at once
+        norms = list(torch.stack(norms).full_tensor().unbind())
     if grad_clip > 0:
         total = torch.linalg.vector_norm(torch.stack(norms))
         torch._foreach_mul_(grads, torch.clamp(grad_clip / (total + 1e-6), max=1.0))
     scaler.step(optimizer)
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
-    (model.module if ddp else model).after_step()
+    (model.module if isinstance(model, DDP) else model).after_step()
     return loss.detach(), norms
 
 

@@ -54,6 +54,7 @@ class Config(GPTConfig, ViTConfig):
     min_lr: float | None = None  # default: learning_rate / 10
     # system
     device: str = 'auto'  # 'auto' (cuda when available), 'cpu', 'cuda', 'cuda:N', 'mps'
+    parallel: Literal['ddp', 'fsdp'] = 'ddp'  # under torchrun: a replica per process, or FSDP2's sharded parameters
     dtype: Literal['auto', 'float32', 'bfloat16', 'float16'] = 'auto'  # auto: bf16/fp16 on CUDA, fp32 elsewhere
     compile: bool | None = None  # torch.compile; default: on for CUDA only
     seed: int = 1337

@@ -1,0 +1,94 @@
+"""parallel='fsdp' (FSDP2's fully_shard) under torchrun with gloo on the CPU: the weights DDP
+reaches, checkpoints in torch.distributed.checkpoint's shards resumed on 2 processes exactly and
+on 1, and the errors a user meets."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import checkpoint
+import sample
+import train
+
+ARGS = ['--eval_interval=4', '--log_interval=2', '--warmup_iters=2']
+
+
+def torchrun(root, tiny, data, out, nproc, *args):
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={nproc}', 'train.py',
+           'config/shakespeare_add.py', *tiny, *ARGS, f'--data_dir={data}', f'--out_dir={out}', *args]
+    done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+def weights(out, name='ckpt.pt'):
+    return checkpoint.load_language_model(out, name)[0].state_dict()
+
+
+@pytest.mark.parametrize('variant', [
+    ['--qkv=cayley', '--gradient_accumulation_steps=4'],  # the maps, and gradients accumulated unsharded
+    ['--residual=rotation', '--qkv=exp', '--gradient_accumulation_steps=2'],
+    ['--residual=orthogonal', '--ortho_prob=0.5', '--dropout=0.1', '--gradient_accumulation_steps=2']], ids=['cayley', 'rotation-exp', 'orthogonal'])
+def test_fsdp_reaches_the_weights_of_ddp(variant, root, tiny, char_data, tmp_path):
+    for parallel in ('ddp', 'fsdp'):
+        torchrun(root, tiny, char_data, tmp_path / parallel, 2, '--max_iters=4', f'--parallel={parallel}', *variant)
+    assert os.path.isdir(tmp_path / 'fsdp' / 'ckpt-0000004.dcp') and not os.path.exists(tmp_path / 'ddp' / 'ckpt-0000004.dcp')
+    for a, b in zip(weights(tmp_path / 'ddp').values(), weights(tmp_path / 'fsdp').values()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.fixture(scope='module')
+def sharded(tmp_path_factory, tiny_text, root, tiny):
+    """A run to 8 on 2 processes, and one stopped at 4 then resumed to 8 on 2; its checkpoint at 4."""
+    base = tmp_path_factory.mktemp('fsdp')
+    (base / 'data').mkdir()
+    (base / 'data' / 'input.txt').write_text(tiny_text, encoding='utf-8')
+    run = lambda out, nproc, *args: torchrun(root, tiny, base / 'data', base / out, nproc, '--parallel=fsdp',  # noqa: E731
+                                             '--qkv=cayley', '--gradient_accumulation_steps=2', '--lr_decay_iters=8',
+                                             *args)
+    run('full', 2, '--max_iters=8')
+    run('part', 2, '--max_iters=4')
+    os.system(f"cp -r {base / 'part'} {base / 'part1'}")
+    run('part', 2, '--max_iters=8', '--init_from=resume')
+    return base, run
+
+
+def test_resuming_on_as_many_processes_is_exact(sharded, logs):
+    base, _ = sharded
+    losses = lambda d: [(r['iter'], r.get('loss'), r.get('val_loss')) for r in logs.records(d) if 'event' not in r]  # noqa: E731
+    assert losses(base / 'part') == losses(base / 'full')
+    for a, b in zip(weights(base / 'part').values(), weights(base / 'full').values()):
+        assert torch.equal(a, b)
+    assert sorted(f for f in os.listdir(base / 'full') if f.endswith('.dcp')) == ['ckpt-0000004.dcp', 'ckpt-0000008.dcp']
+
+
+def test_a_run_saved_on_two_processes_resumes_on_one(sharded, logs):
+    base, run = sharded
+    out = run('part1', 1, '--max_iters=8', '--init_from=resume')
+    assert 'checkpoint written by 2 processes, resuming on 1' in out
+    assert [r['iter'] for r in logs.records(base / 'part1') if 'val_loss' in r] == [0, 4, 8]
+    resumed, full = weights(base / 'part1'), weights(base / 'full')
+    assert all(torch.isfinite(t).all() for t in resumed.values())
+    assert not torch.equal(resumed['wte.weight'], full['wte.weight'])  # other data streams from iteration 4
+
+
+def test_sampling_and_the_users_errors(sharded, tmp_path, capsys, char_data):
+    base, _ = sharded
+    sample.main([f'--out_dir={base / "full"}', '--start=ROMEO:', '--num_samples=1', '--max_new_tokens=5'])
+    assert capsys.readouterr().out.startswith('ROMEO:')
+    with pytest.raises(SystemExit, match="parallel='fsdp' shards the model over torchrun's processes"):
+        train.main(['--parallel=fsdp', '--device=cpu', f'--data_dir={char_data}'])
+    with pytest.raises(SystemExit, match="written with parallel='fsdp'; resume it with that value"):
+        train.main(['config/shakespeare_add.py', f'--out_dir={base / "full"}', '--init_from=resume',
+                    f'--data_dir={base / "data"}', '--device=cpu', '--max_iters=9', '--n_layer=2', '--n_head=2',
+                    '--n_embd=32', '--block_size=32', '--qkv=cayley', '--gradient_accumulation_steps=2', '--compile=False'])
+
+
+def test_fsdp_refuses_float16(root, tmp_path):
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=1', 'train.py',
+           '--parallel=fsdp', '--dtype=float16', '--device=cpu', f'--out_dir={tmp_path}']
+    done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "use --dtype=bfloat16" in done.stdout + done.stderr
