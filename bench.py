@@ -39,7 +39,7 @@ import diagnostics
 from guards import StepScaler, seed_all
 from model import QKV_MAPS, RESIDUALS, OrthogonalQKV
 from tasks import DataError, make_task
-from training import autocast, make_optimizer, resolve_device, resolve_dtype, train_step
+from training import parallelize, setup, train_step
 
 PEAK_TFLOPS = {'H100': 989.0, 'H200': 989.0, 'A100': 312.0, 'L4': 121.0, 'A10': 125.0}  # bf16 dense
 
@@ -67,25 +67,28 @@ def peak_flops(device, override):
 
 
 class Runner:
-    def __init__(self, cfg, device, dtype, compile_model):
-        self.device, self.device_type = device, device.split(':')[0]
+    """One variant's model, optimizer and batch, stepped as train.py steps them (env: its process,
+    device, dtype and DDP or FSDP)."""
+
+    def __init__(self, cfg, env):
+        self.env, self.device, self.device_type = env, env.device, env.device_type
         try:
-            self.task = make_task(cfg, device)
+            self.task = make_task(cfg, env.device, env.rank, env.world)
         except DataError as e:
             raise SystemExit(f"error: {e}")
         self.cfg = cfg = self.task.cfg
         seed_all(cfg.seed)
-        self.raw = self.task.model().to(device)
-        self.compile = compile_model
-        self.model = torch.compile(self.raw) if compile_model else self.raw
-        self.optimizer = make_optimizer(self.raw, cfg, self.device_type)
-        self.autocast = autocast(self.device_type, dtype)
-        self.scaler = StepScaler(self.device_type, dtype)
+        self.raw = self.task.model().to(env.device)
+        self.compile = cfg.compile
+        self.model, self.optimizer = parallelize(self.raw, cfg, env)
+        self.autocast = env.autocast
+        self.scaler = StepScaler(self.device_type, env.dtype)
         self.x, self.y = self.task.batch
 
     def step(self):
         train_step(self.model, self.optimizer, self.scaler, lambda: (self.x, self.y),
-                   self.cfg.gradient_accumulation_steps, self.cfg.grad_clip, self.autocast)
+                   self.cfg.gradient_accumulation_steps // self.env.world, self.cfg.grad_clip, self.autocast,
+                   self.env)
 
     def time_dynamics(self):
         """Seconds for one --dynamics measurement, as train.py makes it."""
@@ -159,14 +162,31 @@ def main(argv=None):
     unknown = [v for v in args.variants.split(',') if v not in known]
     if unknown:
         raise SystemExit(f"error: unknown variant(s) {unknown}; choose from {', '.join(known)}")
-    device = resolve_device(base.device)
-    dtype = resolve_dtype(base.dtype, device.split(':')[0])
+    base = replace(base, compile=args.compile)
+    env = setup(base)
     if args.rules:
-        return bench_rules(base, device, args)
-    runners = {v: Runner(replace(base, **known[v]), device, dtype, args.compile)
-               for v in args.variants.split(',')}
+        return bench_rules(base, env.device, args)
+    if args.sample and env.fsdp:
+        raise SystemExit("error: --sample times generation with one process's whole model; use --parallel=ddp")
+    runners = {v: Runner(replace(base, **known[v]), env) for v in args.variants.split(',')}
     if args.sample:
         return bench_sampling(runners, args)
+    times = time_steps(runners, args)
+    if args.profile:
+        for v, r in runners.items():
+            profile(r, os.path.join(args.profile, v))
+    if env.master:
+        step_table(runners, times, args)
+    if args.dynamics and env.master:
+        print(f"\n| variant | one dynamics measurement, ms | overhead at dynamics_interval={base.dynamics_interval} |")
+        print("|---|---|---|")
+        for v, r in runners.items():
+            dyn = median([r.time_dynamics() for _ in range(args.repeats)])
+            print(f"| {v} | {dyn * 1e3:.1f} | {dyn / (base.dynamics_interval * median(times[v])):.2%} |")
+
+
+def time_steps(runners, args):
+    """{variant: seconds per iteration in each round}: warmup, then interleaved rounds."""
     for r in runners.values():
         for _ in range(args.warmup):
             r.step()
@@ -174,43 +194,50 @@ def main(argv=None):
     for _ in range(args.repeats):
         for v, r in runners.items():
             times[v].append(r.time(args.steps))
-    if args.profile:
-        os.makedirs(args.profile, exist_ok=True)
-        for v, r in runners.items():
-            with torch.profiler.profile() as prof:
-                r.time(3)
-            prof.export_chrome_trace(os.path.join(args.profile, f'{v}.json'))
-            print(f"wrote {os.path.join(args.profile, f'{v}.json')}: open it in chrome://tracing or ui.perfetto.dev")
+    return times
 
-    peak = peak_flops(device, args.peak_tflops)
+
+def step_table(runners, times, args):
     first = next(iter(runners))
-    c = runners[first].task.cfg
-    shape = (f"block {c.block_size}" if runners[first].task.unit == 'tok' else
-             f"{c.image_size}px images in {c.patch_size}px patches")
-    print(f"{device}, {dtype}, {torch.get_num_threads()} threads, compile={args.compile}; "
-          f"batch {c.batch_size} x {shape} x accum {c.gradient_accumulation_steps}, "
-          f"{c.n_layer} layers x {c.n_embd}; median of {args.repeats} interleaved rounds of {args.steps} iterations")
-    unit = runners[first].task.unit
-    print(f"| variant | ms/iter (median) | spread (min-max) | {unit}/s | MFU | peak memory | vs {first} |")
+    r0 = runners[first]
+    c, peak = r0.task.cfg, peak_flops(r0.device, args.peak_tflops)
+    shape = f"block {c.block_size}" if r0.task.unit == 'tok' else f"{c.image_size}px images in {c.patch_size}px patches"
+    print(f"{r0.device}, {r0.env.dtype}, {torch.get_num_threads()} threads, compile={args.compile}, "
+          f"{r0.env.world} process(es){', FSDP' if r0.env.fsdp else ''}; batch {c.batch_size} x {shape} x accum "
+          f"{c.gradient_accumulation_steps}, {c.n_layer} layers x {c.n_embd}; median of {args.repeats} interleaved "
+          f"rounds of {args.steps} iterations")
+    print(f"| variant | ms/iter (median) | spread (min-max) | {r0.task.unit}/s | MFU | peak memory | vs {first} |")
     print("|---|---|---|---|---|---|---|")
     for v, r in runners.items():
         ts = sorted(times[v])
-        med = median(ts)
-        items = r.task.items_per_iter
+        med, items = median(ts), r.task.items_per_iter
         mfu = f"{r.task.flops_per_item(r.raw) * items / med / peak:.1%}" if peak else '-'
-        if r.device_type == 'cuda':
-            mem = f"{r.peak_memory / 2**30:.2f} GiB"
-        else:
-            mem = f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB (process)"
+        mem = (f"{r.peak_memory / 2**30:.2f} GiB" if r.device_type == 'cuda' else
+               f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB (process)")
         print(f"| {v} | {med * 1e3:.1f} | {ts[0] * 1e3:.1f}-{ts[-1] * 1e3:.1f} | {items / med:,.0f} | "
               f"{mfu} | {mem} | {paired_overhead(times[v], times[first]) * 100:+.1f}% |")
-    if args.dynamics:
-        print(f"\n| variant | one dynamics measurement, ms | overhead at dynamics_interval={base.dynamics_interval} |")
-        print("|---|---|---|")
-        for v, r in runners.items():
-            dyn = median([r.time_dynamics() for _ in range(args.repeats)])
-            step = median(times[v])
-            print(f"| {v} | {dyn * 1e3:.1f} | {dyn / (base.dynamics_interval * step):.2%} |")
+
+
+def profile(runner, path, steps=3, top=15):
+    """A torch.profiler trace of `steps` iterations to PATH.json, and PATH.md: the top kernels (on
+    a CPU, operators) by their own time, with their share of the whole."""
+    os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
+    cuda = runner.device_type == 'cuda'
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    with torch.profiler.profile(activities=activities) as prof:
+        runner.time(steps)
+    prof.export_chrome_trace(path + '.json')
+    own = (lambda e: e.self_device_time_total) if cuda else (lambda e: e.self_cpu_time_total)
+    events = sorted((e for e in prof.key_averages() if own(e) > 0), key=own, reverse=True)
+    total = sum(own(e) for e in events)
+    lines = [f"{'kernels' if cuda else 'operators'} of {steps} steps by own {'GPU' if cuda else 'CPU'} time "
+             f"({total / 1e3 / steps:.1f} ms a step)", "",
+             f"| {'kernel' if cuda else 'operator'} | calls | ms a step | share |", "|---|---|---|---|"]
+    lines += [f"| `{e.key[:80]}` | {e.count // steps} | {own(e) / 1e3 / steps:.2f} | {own(e) / total:.1%} |"
+              for e in events[:top]]
+    with open(path + '.md', 'w') as f:
+        f.write('\n'.join(lines) + '\n')
+    print(f"wrote {path}.json (chrome://tracing or ui.perfetto.dev) and {path}.md:\n" + '\n'.join(lines))
 
 
 def bench_sampling(runners, args):

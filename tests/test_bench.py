@@ -37,8 +37,11 @@ def test_bench_profile_writes_a_trace_per_variant_into_the_folder(char_data, tmp
     folder = tmp_path / 'traces'
     bench.main([os.path.join(ROOT, 'config', 'shakespeare_add.py'), *TINY, f'--data_dir={char_data}',
                 '--variants=additive,cayley', f'--profile={folder}'])
-    assert sorted(os.listdir(folder)) == ['additive.json', 'cayley.json']
+    assert sorted(os.listdir(folder)) == ['additive.json', 'additive.md', 'cayley.json', 'cayley.md']
     assert '"traceEvents"' in (folder / 'cayley.json').read_text()
+    table = (folder / 'cayley.md').read_text().splitlines()
+    assert table[2] == '| operator | calls | ms a step | share |' and len(table) > 5
+    assert 'aten::' in table[4] or 'aten::' in table[5]
 
 
 def test_overhead_compares_each_round_with_its_own_reference():
