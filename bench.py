@@ -131,7 +131,7 @@ class Runner:
         self.sync()
         if self.device_type == 'cuda':
             own = sum(t.numel() * t.element_size() for t in self.raw.parameters())
-            own += sum(t.numel() * t.element_size() for s in self.optimizer.state.values()
+            own += sum(t.numel() * t.element_size() for o in self.optimizer for s in o.state.values()
                        for t in s.values() if torch.is_tensor(t))
             self.peak_memory = max(getattr(self, 'peak_memory', 0),
                                    torch.cuda.max_memory_allocated(self.device) - resident + own)

@@ -168,7 +168,7 @@ def save_sharded(model, optimizer, out_dir, iter_num):
     """Every process's shards of the model and optimizer state, written together into
     out_dir/ckpt-<iter>.dcp (torch.distributed.checkpoint); returns the folder's name."""
     name = f'ckpt-{iter_num:07d}.dcp'
-    model_state, optim_state = get_state_dict(model, optimizer)
+    model_state, optim_state = get_state_dict(model, list(optimizer))
     dcp.save({'model': model_state, 'optimizer': optim_state}, checkpoint_id=os.path.join(out_dir, name))
     return name
 
@@ -176,12 +176,12 @@ def save_sharded(model, optimizer, out_dir, iter_num):
 def load_sharded(model, optimizer, folder):
     """Load a ckpt-<iter>.dcp folder into model (sharded over any number of processes, or whole)
     and, unless None, its optimizer."""
-    model_state, optim_state = get_state_dict(model, [optimizer] if optimizer else [])
+    model_state, optim_state = get_state_dict(model, list(optimizer or []))
     state = {'model': model_state, **({'optimizer': optim_state} if optimizer else {})}
     with warnings.catch_warnings():  # that one process loads the shards of several is what is meant here
         warnings.filterwarnings('ignore', message='torch.distributed is disabled')
         dcp.load(state, checkpoint_id=folder)
-    set_state_dict(model, [optimizer] if optimizer else [], model_state_dict=state['model'],
+    set_state_dict(model, list(optimizer or []), model_state_dict=state['model'],
                    optim_state_dict=state.get('optimizer', {}))
 
 

@@ -263,10 +263,23 @@ def summarise(runs):
     return groups
 
 
-def table(groups):
+def reached(groups, label):
+    """(target, {group: [per seed, the first evaluated iteration whose val loss is at most target,
+    or None]}), target being the mean final val loss of group `label`."""
+    if not groups.get(label, {}).get('ok'):
+        raise SystemExit(f"error: --reach {label!r} names no finished group; the groups: {', '.join(groups)}")
+    target = statistics.mean(r['final'] for r in groups[label]['ok'])
+    return target, {name: [next((it for it, loss, _ in r['curve'] if loss <= target), None) for r in g['ok']]
+                    for name, g in groups.items()}
+
+
+def table(groups, reach=None):
+    """The results table; with reach (a group's label) a column of when each seed first reached
+    that group's mean final val loss."""
     images = any(r['top1'] is not None for g in groups.values() for r in g['ok'])
+    target, when = reached(groups, reach) if reach else (None, {})
     head = ['run', 'seeds', 'best val loss', 'final val loss'] + (['top-1 %', 'top-5 %'] if images else []) + \
-        ['throughput (median)', 'wall time (mean)']
+        ([f"reaches {target:.4f} at (per seed)"] if reach else []) + ['throughput (median)', 'wall time (mean)']
     lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
     notes = []
     for label, g in groups.items():
@@ -276,6 +289,8 @@ def table(groups):
         if images:
             cells += [mean_std([r['top1'] for r in ok if r['top1'] is not None], '{:.2f}'),
                       mean_std([r['top5'] for r in ok if r['top5'] is not None], '{:.2f}')]
+        if reach:
+            cells.append(', '.join('not reached' if it is None else str(it) for it in when[label]) or '-')
         rates = [r['rate'] for r in ok if r['rate'] is not None]
         cells += [f"{statistics.median_high(rates):,.0f} {g['unit']}/s" if rates else '-',
                   f"{statistics.mean(walls):.0f} s" if (walls := [r['wall'] for r in ok if r['wall'] is not None]) else '-']
@@ -333,6 +348,8 @@ def parse_args(argv):
     p.add_argument('--switch_at', type=int, help='iteration of the switch')
     p.add_argument('--switch_reset', action='store_true', help='first phase a complete run; fresh AdamW and schedule after the switch')
     p.add_argument('--nproc', type=int, default=1, help='runs at once')
+    p.add_argument('--reach', default=None, metavar='GROUP',
+                   help="add a column: when each run first reached GROUP's mean final val loss (a row's label)")
     p.add_argument('--out', default='out-compare', help='folder for the runs, results.md and curves.png')
     args, extra = p.parse_known_args(argv)
     bad = [a for a in extra if not a.startswith('--') or '=' not in a]
@@ -356,7 +373,10 @@ def main(argv=None):
         f"Second phases continue their first phase's checkpoint from iteration {args.switch_at} "
         + ("with a fresh AdamW and learning-rate schedule.\n\n" if args.switch_reset
            else "with its AdamW state and learning-rate schedule.\n\n"))
-    text = f"`{command}`\n\n" + protocol + table(groups)
+    reach = '' if not args.reach else (
+        f"The reach column: the first evaluation at which each seed's val loss is at most `{args.reach}`'s mean "
+        f"final val loss.\n\n")
+    text = f"`{command}`\n\n" + protocol + reach + table(groups, args.reach)
     with open(os.path.join(args.out, 'results.md'), 'w') as f:
         f.write(text)
     print(text)

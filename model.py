@@ -12,6 +12,8 @@ The papers, cited in docstrings by their short names:
          Updates for Stable and Efficient Deep Networks". NeurIPS 2025. arXiv:2505.11881
   [OT]   "The Orthogonal Transformer" (rotation residual, no norms); preprint, no arXiv id
   [OViT] Y. Fei, Y. Liu, X. Wei, M. Chen. "O-ViT: Orthogonal Vision Transformer". arXiv:2201.12133
+  [nGPT] I. Loshchilov, C.-P. Hsieh, S. Sun, B. Ginsburg. "nGPT: Normalized Transformer with
+         Representation Learning on the Hypersphere". ICLR 2025. arXiv:2410.01131
 """
 
 import difflib
@@ -55,10 +57,14 @@ class ResidualUpdate(nn.Module):
     the DecodeCache of incremental decoding, needed only by a rule that mixes positions. A rule
     declares what the model and the training loop do for it:
       keeps_norm    True if it keeps ||x|| fixed: the model then drops its norms ([OT])
+      normalized    True for the normalized Transformer's architecture ([nGPT] Sec. 2): a unit-
+                    norm stream, normalised q and k scaled by s_qk under softmax scale sqrt(d_k),
+                    a gated MLP scaled by s_u and s_v, logits scaled by s_z
       from_config   builds the rule of block `layer`, reading its options from the config
       after_step    runs after every optimizer step on the model (e.g. to renormalise weights)
     """
     keeps_norm = False
+    normalized = False
 
     @classmethod
     def from_config(cls, cfg, layer, causal):
@@ -151,6 +157,47 @@ class RotationUpdate(ResidualUpdate):
         cos = torch.where(small, 1 - t / 2, theta.cos())
         sinc = torch.where(small, 1 - t / 6, theta.sin() / theta)
         return (xf * cos + u_perp * sinc).to(x.dtype)
+
+
+class ScaleVector(nn.Module):
+    """A learnable vector s = init at the start, stored as s' = scale and used as s' init/scale
+    ([nGPT] Sec. 2.5): the optimizer's steps on s' reach s at the rate `scale` sets."""
+
+    def __init__(self, n, init, scale):
+        super().__init__()
+        self.weight, self.factor = nn.Parameter(torch.full((n,), float(scale))), init / scale
+
+    def forward(self):
+        return self.weight * self.factor
+
+
+@register('ngpt')
+class NormalizedUpdate(ResidualUpdate):
+    """h_next = Norm(h + alpha (Norm(u) - h)): the normalized Transformer ([nGPT] Sec. 2.2.2,
+    Eq. 10-11), h and u's direction on the unit sphere, alpha the learnable per-dimension eigen
+    learning rate (alpha_init 0.05, alpha_scale 1/sqrt(d), Sec. 2.5). The model around it has no
+    norms (keeps_norm), the normalized architecture (normalized), and after every step all its
+    embeddings and matrices unit-norm along the embedding dimension (after_step, Sec. 2.1-2.4)."""
+    keeps_norm = normalized = True
+
+    def __init__(self, d):
+        super().__init__()
+        self.alpha = ScaleVector(d, 0.05, 1 / math.sqrt(d))
+
+    @classmethod
+    def from_config(cls, cfg, layer, causal):
+        return cls(cfg.n_embd)
+
+    @classmethod
+    def after_step(cls, model):
+        outputs = {id(m.c_proj) for m in model.modules() if isinstance(m, (SelfAttention, MLP))}
+        for m in model.modules():  # orthogonal Q/K/V (parametrized) have unit rows already
+            if isinstance(m, nn.Embedding) or isinstance(m, nn.Linear) and not parametrize.is_parametrized(m):
+                m.weight.copy_(F.normalize(m.weight, dim=0 if id(m) in outputs else -1))
+
+    def forward(self, x, u, cache=None):
+        xf, uf = wide(x), wide(u)
+        return F.normalize(xf + self.alpha() * (F.normalize(uf, dim=-1) - xf), dim=-1).to(x.dtype)
 
 
 # ----------------------------------------------------------------------------- 2. orthogonal Q/K/V
@@ -325,11 +372,17 @@ class SelfAttention(nn.Module):
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.resid_dropout = nn.Dropout(cfg.dropout)
         self.n_head, self.dropout, self.causal = cfg.n_head, cfg.dropout, causal
+        normalized = RESIDUALS[cfg.residual].normalized  # [nGPT] Sec. 2.3.2: s_qk, per head and dimension
+        self.s_qk = ScaleVector(cfg.n_embd, 1.0, 1 / math.sqrt(cfg.n_embd)) if normalized else None
 
     def forward(self, x, cache=None):
         B, T, C = x.shape
         qkv = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head)
         q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))  # (B, nh, T, hs); a permute's backward copies more
+        scale = None  # SDPA's 1/sqrt(hs)
+        if self.s_qk is not None:  # [nGPT] Eq. 15-16: cosines of q and k, scaled by s_qk, softmax scale sqrt(hs)
+            s_qk = self.s_qk().view(self.n_head, 1, -1)  # (nh, 1, hs)
+            q, k, scale = F.normalize(q, dim=-1) * s_qk, F.normalize(k, dim=-1) * s_qk, math.sqrt(C // self.n_head)
         if cache is not None:
             k, v = cache.extend(self, k, v, dim=2)  # (B, nh, T_seen, hs)
         Tk = k.shape[2]
@@ -340,23 +393,33 @@ class SelfAttention(nn.Module):
             else:  # queries at the end of the keys: SDPA's is_causal aligns them at the start instead
                 mask = torch.ones(T, Tk, dtype=torch.bool, device=x.device).tril(Tk - T)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
-                                           is_causal=is_causal)
+                                           is_causal=is_causal, scale=scale)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
 
 class MLP(nn.Module):
+    """Linear -> activation -> Linear, 4x wide; for the normalized architecture [nGPT] Sec. 2.4.2's
+    gated form, SiLU(v s_v sqrt(d)) * u s_u, with u and v from one Linear twice as wide."""
+
     def __init__(self, cfg):
         super().__init__()
-        self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
+        gated = RESIDUALS[cfg.residual].normalized
+        self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd * (2 if gated else 1), bias=cfg.bias)
         approximate = 'tanh' if cfg.activation == 'gelu_tanh' else 'none'
-        self.act = nn.ReLU() if cfg.activation == 'relu' else nn.GELU(approximate=approximate)
+        self.act = nn.SiLU() if gated else nn.ReLU() if cfg.activation == 'relu' else nn.GELU(approximate=approximate)
+        self.s_uv = ScaleVector(8 * cfg.n_embd, 1.0, 1.0) if gated else None
         self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x):  # (..., C)
         # on the 2-D view: of a 3-D ReLU, inductor saves a bool mask, slow to store on a CPU
-        h = self.act(self.c_fc(x.flatten(0, -2)))  # (N, 4C)
+        h = self.c_fc(x.flatten(0, -2))  # (N, 4C), gated: (N, 8C)
+        if self.s_uv is None:
+            h = self.act(h)
+        else:
+            u, v = (h * self.s_uv()).chunk(2, dim=-1)
+            h = u * self.act(v * math.sqrt(x.shape[-1]))
         return self.dropout(self.c_proj(h)).view_as(x)
 
 
@@ -406,6 +469,13 @@ class Block(nn.Module):
 
 # ----------------------------------------------------------------------------- 5. Trunk, GPT, ViT
 
+class Sphere(nn.Module):
+    """x / ||x|| in float32: onto the unit sphere, where the normalized Transformer's stream lives."""
+
+    def forward(self, x):
+        return F.normalize(wide(x), dim=-1).to(x.dtype)
+
+
 class Trunk:
     """The stack both models share: ln_emb -> blocks -> ln_f (a mixin, so each model registers these
     modules among its own). With a norm-keeping rule it is the Orthogonal Transformer's ([OT]
@@ -416,7 +486,8 @@ class Trunk:
         self.rule = RESIDUALS[config.residual]
         keeps_norm = self.rule.keeps_norm
         # eps far below any embedding's mean square, so the norm is sqrt(d) to float32 rounding
-        self.ln_emb = nn.RMSNorm(config.n_embd, eps=1e-30, elementwise_affine=False) if keeps_norm else nn.Identity()
+        self.ln_emb = (Sphere() if self.rule.normalized else
+                       nn.RMSNorm(config.n_embd, eps=1e-30, elementwise_affine=False) if keeps_norm else nn.Identity())
         self.blocks = nn.ModuleList([Block(config, i, causal) for i in range(config.n_layer)])
         self.ln_f = make_norm(config, keeps_norm)
 
@@ -468,6 +539,7 @@ class GPT(Trunk, nn.Module):
         self.drop = nn.Dropout(config.dropout)
         self.build_trunk(config, causal=True)
         self.lm_head = nn.Linear(d, config.vocab_size, bias=False)
+        self.s_z = ScaleVector(config.vocab_size, 1.0, 1 / math.sqrt(d)) if self.rule.normalized else None  # [nGPT] 2.1
         if config.tie_weights:
             self.wte.weight = self.lm_head.weight
         self.init_weights()
@@ -489,6 +561,7 @@ class GPT(Trunk, nn.Module):
         self.wpe.weight.normal_(0.0, 0.02)
         for block in self.blocks:
             block.init_weights(cfg)
+        self.after_step()  # the state every optimizer step leaves: for nGPT, unit-norm weights
 
     def forward(self, idx, targets=None, cache=None):
         """idx (B, T) token ids -> logits (B, T, vocab), and the mean cross-entropy if targets
@@ -503,6 +576,8 @@ class GPT(Trunk, nn.Module):
         if cache is not None:
             cache.pos += T
         logits = self.lm_head(x)  # (B, T, vocab)
+        if self.s_z is not None:
+            logits = logits * self.s_z()
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
@@ -579,6 +654,7 @@ class ViT(Trunk, nn.Module):
         self.head.bias.zero_()
         for block in self.blocks:
             block.init_weights(cfg)
+        self.after_step()
 
     def forward(self, images, labels=None):
         """images (B, C, H, W) float -> logits (B, n_classes), and the cross-entropy if labels are

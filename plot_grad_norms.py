@@ -45,8 +45,7 @@ def build(cfg, step, ckpt_path):
     device_type = device.split(':')[0]
     optimizer, scaler = make_optimizer(model, task.cfg, device_type), StepScaler(device_type, 'float32')
     for it in range(step):
-        for group in optimizer.param_groups:
-            group['lr'] = get_lr(it, task.cfg)
+        optimizer.set_lr(get_lr(it, task.cfg) / task.cfg.learning_rate)
         train_step(model, optimizer, scaler, task.next_batch, task.cfg.gradient_accumulation_steps,
                    task.cfg.grad_clip, nullcontext())
     return model, task

@@ -154,6 +154,9 @@ def resume_changes(cfg, task, ckpt):
         return [], {}
     saved = configure.from_dict(ckpt['config'])
     problems = resume_problems(saved, cfg) + task.resume_problems(saved, ckpt.get('meta'))
+    if saved.optimizer != cfg.optimizer and not cfg.reset_optimizer:
+        problems.append(f"optimizer {saved.optimizer!r} -> {cfg.optimizer!r}: the saved state is the other one's; "
+                        f"add --reset_optimizer=True to start the new optimizer (and the schedule) there")
     if problems:
         fail(f"cannot resume from {cfg.out_dir} with this config:\n  " + "\n  ".join(problems))
     changes = {k: [v, getattr(cfg, k)] for k, v in asdict(saved).items()
@@ -306,8 +309,7 @@ class Run:
     def step(self, lr):
         """One optimizer step at learning rate lr; returns its loss as a device tensor."""
         cfg = self.cfg
-        for group in self.optimizer.param_groups:
-            group['lr'] = lr
+        self.optimizer.set_lr(lr / cfg.learning_rate)
         try:
             loss, grad_norms = train_step(self.model, self.optimizer, self.scaler, self.task.next_batch,
                                           cfg.gradient_accumulation_steps // self.env.world, cfg.grad_clip,

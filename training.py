@@ -100,6 +100,8 @@ def setup(cfg):
              f"{world} processes; use a multiple of {world}")
     device_type = device.split(':')[0]
     dtype = resolve_dtype(cfg.dtype, device_type)
+    if fsdp and cfg.optimizer == 'muon':
+        fail("optimizer='muon' orthogonalises whole matrices, which parallel='fsdp' shards: use parallel='ddp'")
     if fsdp and dtype == 'float16':
         fail("parallel='fsdp' computes in bfloat16 or float32 here (float16 would need a sharded loss scaler): "
              "use --dtype=bfloat16")
@@ -152,17 +154,61 @@ def get_lr(it, cfg, start=0):
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg.learning_rate - min_lr)
 
 
+class Optimizers:
+    """AdamW alone, or torch.optim.Muon for the blocks' matrices beside AdamW for the rest, stepped
+    as one. Every param group keeps its own learning rate ('base_lr') for the schedule to scale."""
+
+    def __init__(self, **named):
+        self.named = named
+
+    def __iter__(self):
+        return iter(self.named.values())
+
+    @property
+    def param_groups(self):
+        return [g for o in self for g in o.param_groups]
+
+    def set_lr(self, fraction):
+        """Each group at its base learning rate times fraction (the schedule's)."""
+        for group in self.param_groups:
+            group['lr'] = group['base_lr'] * fraction
+
+    def zero_grad(self, set_to_none=True):
+        for o in self:
+            o.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self):
+        return {name: o.state_dict() for name, o in self.named.items()}
+
+    def load_state_dict(self, state):
+        if 'param_groups' in state:  # a checkpoint from before Muon: AdamW's state alone
+            state = {'adamw': state}
+        for name, o in self.named.items():
+            o.load_state_dict(state[name])
+
+
 def make_optimizer(model, cfg, device_type):
     """AdamW; weight decay on matrices and embeddings, none on gains and biases, nor on the raw W
     behind orthogonal Q/K/V (decaying it pulls Q, K, V towards the identity, not towards zero).
     Fused where PyTorch has the kernel (CUDA, CPU): one kernel for all parameters, and the
-    scaler's skip of a non-finite step stays on the device."""
+    scaler's skip of a non-finite step stays on the device. With optimizer='muon', Muon takes the
+    blocks' 2-D matrices (attention and MLP weights, the raw W behind Q/K/V maps) at muon_lr with
+    the same weight decay; AdamW keeps the embeddings, head, gains, biases and scaling vectors."""
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    decay = [p for n, p in params if p.dim() >= 2 and '.parametrizations.' not in n]
-    no_decay = [p for n, p in params if p.dim() < 2 or '.parametrizations.' in n]
-    groups = [{'params': decay, 'weight_decay': cfg.weight_decay}, {'params': no_decay, 'weight_decay': 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2),
-                             fused=device_type in ('cuda', 'cpu'))
+    muon = [(n, p) for n, p in params if cfg.optimizer == 'muon' and n.startswith('blocks.') and p.dim() == 2]
+    rest = [(n, p) for n, p in params if not any(p is q for _, q in muon)]
+
+    def groups(named, lr):
+        decay = [p for n, p in named if p.dim() >= 2 and '.parametrizations.' not in n]
+        no_decay = [p for n, p in named if p.dim() < 2 or '.parametrizations.' in n]
+        return [{'params': decay, 'weight_decay': cfg.weight_decay, 'base_lr': lr},
+                {'params': no_decay, 'weight_decay': 0.0, 'base_lr': lr}]
+    adamw = torch.optim.AdamW(groups(rest, cfg.learning_rate), lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2),
+                              fused=device_type in ('cuda', 'cpu'))
+    if not muon:
+        return Optimizers(adamw=adamw)
+    return Optimizers(adamw=adamw, muon=torch.optim.Muon(groups(muon, cfg.muon_lr), lr=cfg.muon_lr,
+                                                         momentum=cfg.muon_momentum))
 
 
 def hold_across_micro_steps(maps, micro_step, micro_steps):
@@ -202,7 +248,8 @@ def train_step(model, optimizer, scaler, next_batch, micro_steps, grad_clip, amp
             with synchronising(model, env, micro_step == micro_steps - 1), amp:
                 _, loss = model(x, y)
             scaler.scale(loss / micro_steps).backward()
-    scaler.unscale_(optimizer)
+    for opt in optimizer:
+        scaler.unscale_(opt)
     grads = [p.grad for group in optimizer.param_groups for p in group['params']]
     norms = torch._foreach_norm(grads)  # what clip_grad_norm_ computes, kept per parameter
     if isinstance(norms[0], DTensor):  # FSDP: each a partial norm of the shards, reduced at once
@@ -210,7 +257,8 @@ def train_step(model, optimizer, scaler, next_batch, micro_steps, grad_clip, amp
     if grad_clip > 0:
         total = torch.linalg.vector_norm(torch.stack(norms))
         torch._foreach_mul_(grads, torch.clamp(grad_clip / (total + 1e-6), max=1.0))
-    scaler.step(optimizer)
+    for opt in optimizer:  # Muon, without the fused kernels' on-device skip, reads the scaler's verdict
+        scaler.step(opt)
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
     (model.module if isinstance(model, DDP) else model).after_step()

@@ -47,6 +47,9 @@ class Config(GPTConfig, ViTConfig):
     weight_decay: float = 0.1  # on matrices and embeddings only
     beta1: float = 0.9
     beta2: float = 0.95
+    optimizer: Literal['adamw', 'muon'] = 'adamw'  # 'muon': torch.optim.Muon for the blocks' matrices, AdamW for the rest
+    muon_lr: float = 0.02  # Muon's learning rate, scheduled as learning_rate is
+    muon_momentum: float = 0.95
     grad_clip: float = 1.0  # max global gradient norm; 0 disables
     decay_lr: bool = True
     warmup_iters: int = 100
@@ -66,7 +69,7 @@ class Config(GPTConfig, ViTConfig):
         super().__post_init__()
         at_least_one(self, 'batch_size', 'gradient_accumulation_steps', 'eval_interval', 'eval_iters', 'log_interval',
                      'dynamics_interval')
-        for key in ('max_iters', 'warmup_iters', 'learning_rate', 'weight_decay', 'grad_clip', 'dropout',
+        for key in ('max_iters', 'warmup_iters', 'learning_rate', 'muon_lr', 'weight_decay', 'grad_clip', 'dropout',
                     'keep_last_n', 'nan_max_skips', 'crop_padding', 'mixup_alpha', 'cutmix_alpha'):
             if getattr(self, key) < 0:
                 raise ValueError(f"{key}={getattr(self, key)} must not be negative")
@@ -75,7 +78,7 @@ class Config(GPTConfig, ViTConfig):
         for key in ('mix_prob', 'mix_switch_prob', 'erase_prob'):
             if not 0 <= getattr(self, key) <= 1:
                 raise ValueError(f"{key}={getattr(self, key)} must lie in [0, 1]")
-        for key in ('beta1', 'beta2'):
+        for key in ('beta1', 'beta2', 'muon_momentum'):
             if not 0 <= getattr(self, key) < 1:
                 raise ValueError(f"{key}={getattr(self, key)} must lie in [0, 1)")
         if self.min_lr is not None and self.min_lr > self.learning_rate:

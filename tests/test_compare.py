@@ -53,6 +53,23 @@ def test_runs_every_config_and_seed_and_tabulates_their_logs(compared):
     assert (root / 'out' / 'curves.png').stat().st_size > 0
 
 
+def test_reach_reports_when_each_seed_first_reached_a_groups_final_loss(compared):
+    root, args, _ = compared
+    compare.main(args + ['--reach=shakespeare_add'])
+    finals = [[r for r in logged(root / 'out' / f'shakespeare_add-s{s}') if 'val_loss' in r][-1]['val_loss']
+              for s in (1337, 1)]
+    target = statistics.mean(finals)
+    text = (root / 'out' / 'results.md').read_text()
+    assert f"reaches {target:.4f} at (per seed)" in text
+    for label in ('shakespeare_add', 'shakespeare_rot'):
+        firsts = [next((r['iter'] for r in logged(root / 'out' / f'{label}-s{s}') if r.get('val_loss', 9) <= target),
+                       None) for s in (1337, 1)]
+        row = next(line for line in text.splitlines() if line.startswith(f'| `{label}`'))
+        assert f"| {', '.join('not reached' if f is None else str(f) for f in firsts)} |" in row
+    with pytest.raises(SystemExit, match="--reach 'nope' names no finished group"):
+        compare.main(args + ['--reach=nope'])
+
+
 def test_a_second_call_reruns_nothing(compared, capsys):
     root, args, _ = compared
     before = {d: (root / 'out' / d / 'log.jsonl').read_bytes() for d in os.listdir(root / 'out') if d.endswith(('s1337', 's1'))}

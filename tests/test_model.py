@@ -27,7 +27,7 @@ def train_steps(model, steps=20, lr=1e-2, weight_decay=0.1):
     return model
 
 
-VARIANTS = [dict(residual='additive'), dict(residual='rotation'),
+VARIANTS = [dict(residual='additive'), dict(residual='rotation'), dict(residual='ngpt'),
             dict(residual='orthogonal', ortho_mode='feature'),
             dict(residual='orthogonal', ortho_mode='global'),
             dict(residual='orthogonal', ortho_mode='global', ortho_prob=0.5)]

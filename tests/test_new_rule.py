@@ -59,7 +59,7 @@ def gains(state):
 
 def test_the_config_and_help_accept_it():
     assert configure.load(['--residual=sphere']).residual == 'sphere'
-    assert "'rotation' | 'sphere'" in configure.usage()
+    assert "'ngpt' | 'sphere'" in configure.usage()
     with pytest.raises(configure.ConfigError, match="did you mean 'sphere'"):
         configure.load(['--residual=spheer'])
 
