@@ -122,6 +122,9 @@ def load(path, map_location='cpu'):
                               f"{type(e).__name__}: {str(e)[:200]})") from None
     if checksum(ckpt) != stored:
         raise CheckpointError(f"{path} fails its checksum: its contents changed after it was written")
+    sharded = ckpt.get('sharded') and os.path.join(os.path.dirname(path), ckpt['sharded'])
+    if sharded and not os.path.exists(os.path.join(sharded, '.metadata')):
+        raise CheckpointError(f"{path} names {sharded}, which is missing or incomplete")
     ckpt['config'] = json.loads(ckpt['config'])
     if ckpt.get('meta') is not None:
         ckpt['meta'] = json.loads(ckpt['meta'])
@@ -157,19 +160,33 @@ def load_language_model(out_dir, name=None, map_location='cpu'):
     if ckpt.get('meta') and 'itos' not in ckpt['meta']:
         raise CheckpointError(f"{path} is an image classifier ({ckpt['meta'].get('dataset')}), not a language model")
     model = GPT(configure.model_config(cfg))
-    if ckpt.get('sharded'):
-        load_sharded(model, None, os.path.join(out_dir, ckpt['sharded']))
-    else:
-        model.load_state_dict(ckpt['model'])
+    load_weights(model, ckpt, path)
     return model.eval(), ckpt, cfg
 
 
-def save_sharded(model, optimizer, out_dir, iter_num):
+def load_weights(model, ckpt, path):
+    """The weights of the checkpoint `ckpt`, read from `path`, into model: from the file itself,
+    or from the ckpt-<iter>.dcp folder it names."""
+    if ckpt.get('sharded'):
+        load_sharded(model, None, os.path.join(os.path.dirname(path), ckpt['sharded']))
+    else:
+        model.load_state_dict(ckpt['model'])
+
+
+def save_sharded(model, optimizer, out_dir, iter_num, master):
     """Every process's shards of the model and optimizer state, written together into
-    out_dir/ckpt-<iter>.dcp (torch.distributed.checkpoint); returns the folder's name."""
+    out_dir/ckpt-<iter>.dcp (torch.distributed.checkpoint); returns the folder's name. They go to a
+    temporary folder first, which rank 0 renames once all are written (dcp.save's last step is
+    collective): a reader finds a whole folder or none."""
     name = f'ckpt-{iter_num:07d}.dcp'
+    folder, tmp = os.path.join(out_dir, name), os.path.join(out_dir, name + '.tmp')
     model_state, optim_state = get_state_dict(model, list(optimizer))
-    dcp.save({'model': model_state, 'optimizer': optim_state}, checkpoint_id=os.path.join(out_dir, name))
+    dcp.save({'model': model_state, 'optimizer': optim_state}, checkpoint_id=tmp)
+    if master:
+        if os.path.exists(folder):  # saved at this iteration before (an evaluation cut short, then resumed)
+            shutil.rmtree(folder)
+        os.replace(tmp, folder)
+        fsync_dir(out_dir)
     return name
 
 
@@ -183,6 +200,8 @@ def load_sharded(model, optimizer, folder):
         dcp.load(state, checkpoint_id=folder)
     set_state_dict(model, list(optimizer or []), model_state_dict=state['model'],
                    optim_state_dict=state.get('optimizer', {}))
+    if optimizer:
+        optimizer.keep_base_lr()
 
 
 def prune_sharded(out_dir):
@@ -195,6 +214,6 @@ def prune_sharded(out_dir):
                 named.add(load(path)['sharded'])
             except CheckpointError:
                 return
-    for folder in glob.glob(os.path.join(out_dir, 'ckpt-[0-9]*.dcp')):
-        if os.path.basename(folder) not in named:
+    for folder in glob.glob(os.path.join(out_dir, 'ckpt-[0-9]*.dcp*')):
+        if os.path.basename(folder) not in named:  # with the .tmp of a save that was cut short
             shutil.rmtree(folder)

@@ -62,6 +62,15 @@ def parse_set(text):
     return [(key, v) for v in values.split(',')]
 
 
+def parse_per(text):
+    """--per CONFIG:KEY=VALUE, a setting for one config's runs alone: (config stem, (key, value))."""
+    stem, colon, kv = text.partition(':')
+    key, eq, value = kv.partition('=')
+    if not colon or not eq or not key or not value:
+        raise SystemExit(f"error: --per {text!r}: write --per CONFIG:key=value (CONFIG: a config file's name)")
+    return os.path.splitext(os.path.basename(stem))[0], (key, value)
+
+
 def load(argv, name):
     try:
         return configure.load(argv)
@@ -86,9 +95,12 @@ def plan(args, extra):
                          **extra_fields))
         return runs[-1]
 
+    per = [parse_per(p) for p in args.per]
     for config in args.configs:
+        name = os.path.splitext(os.path.basename(config))[0]
         for setting in settings:
-            label = os.path.splitext(os.path.basename(config))[0] + ''.join(f" {k}={v}" for k, v in setting)
+            setting = (*(kv for stem, kv in per if stem == name), *setting)
+            label = name + ''.join(f" {k}={v}" for k, v in setting)
             stem = label.replace(' ', '-').replace('=', '')
             argv = [config, *args.stack, *extra, *(f'--{k}={v}' for k, v in setting)]
             for seed in SEEDS[:args.seeds]:
@@ -266,9 +278,12 @@ def summarise(runs):
 def reached(groups, label):
     """(target, {group: [per seed, the first evaluated iteration whose val loss is at most target,
     or None]}), target being the mean final val loss of group `label`."""
-    if not groups.get(label, {}).get('ok'):
-        raise SystemExit(f"error: --reach {label!r} names no finished group; the groups: {', '.join(groups)}")
-    target = statistics.mean(r['final'] for r in groups[label]['ok'])
+    try:
+        target = float(label)
+    except ValueError:
+        if not groups.get(label, {}).get('ok'):
+            raise SystemExit(f"error: --reach {label!r} names no finished group; the groups: {', '.join(groups)}")
+        target = statistics.mean(r['final'] for r in groups[label]['ok'])
     return target, {name: [next((it for it, loss, _ in r['curve'] if loss <= target), None) for r in g['ok']]
                     for name, g in groups.items()}
 
@@ -348,8 +363,11 @@ def parse_args(argv):
     p.add_argument('--switch_at', type=int, help='iteration of the switch')
     p.add_argument('--switch_reset', action='store_true', help='first phase a complete run; fresh AdamW and schedule after the switch')
     p.add_argument('--nproc', type=int, default=1, help='runs at once')
+    p.add_argument('--per', action='append', default=[], metavar='CONFIG:KEY=VALUE',
+                   help="a setting for one config's runs only (e.g. each config at its own learning_rate)")
     p.add_argument('--reach', default=None, metavar='GROUP',
-                   help="add a column: when each run first reached GROUP's mean final val loss (a row's label)")
+                   help="add a column: when each run first reached GROUP's mean final val loss (a row's label), "
+                        "or a val loss given as a number")
     p.add_argument('--out', default='out-compare', help='folder for the runs, results.md and curves.png')
     args, extra = p.parse_known_args(argv)
     bad = [a for a in extra if not a.startswith('--') or '=' not in a]
@@ -374,8 +392,8 @@ def main(argv=None):
         + ("with a fresh AdamW and learning-rate schedule.\n\n" if args.switch_reset
            else "with its AdamW state and learning-rate schedule.\n\n"))
     reach = '' if not args.reach else (
-        f"The reach column: the first evaluation at which each seed's val loss is at most `{args.reach}`'s mean "
-        f"final val loss.\n\n")
+        f"The reach column: the first evaluation at which each seed's val loss is at most "
+        f"{reached(groups, args.reach)[0]:.4f} (`{args.reach}`).\n\n")
     text = f"`{command}`\n\n" + protocol + reach + table(groups, args.reach)
     with open(os.path.join(args.out, 'results.md'), 'w') as f:
         f.write(text)

@@ -55,7 +55,7 @@ def score(model, examples, encode, device, amp=nullcontext()):
         for ending in ex['endings']:
             end = encode(' ' + ending)
             seqs.append((ctx + end)[-(block + 1):])
-            ends.append(min(len(end), block))
+            ends.append(min(len(end), len(seqs[-1]) - 1))
     T = max(len(s) for s in seqs) - 1
     x = torch.zeros(len(seqs), T, dtype=torch.long)
     y = torch.full((len(seqs), T), -1, dtype=torch.long)  # -1: no loss (the context, the padding)

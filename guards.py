@@ -46,6 +46,10 @@ class StepScaler(torch.amp.GradScaler):
     def update(self, new_scale=None):
         super().update(new_scale if self.dynamic else 1.0)
 
+    def inverse(self):
+        """1 / the current scale, as a device tensor (no host sync)."""
+        return self._scale.reciprocal()
+
 
 class NonFinite:
     """Steps whose loss or gradients were not finite, tallied on the device; check() reads the

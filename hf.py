@@ -113,18 +113,25 @@ def gpt2_state(tensors):
 FREE = SWITCHABLE | {'block_size'}  # keys a run may set otherwise, keeping the weights (block_size: fewer positions)
 
 
-def adopt(cfg, keys):
-    """cfg with the checkpoint's model keys wherever cfg leaves a key at its default. A key cfg sets
-    otherwise (in a file or an override) is kept if it leaves the weights as they are (FREE), and
-    refused if it does not: another shape, norm or Q/K/V map cannot carry them."""
-    defaults = {f.name: f.default for f in fields(GPTConfig)}
-    mine = {k: getattr(cfg, k) for k in keys if getattr(cfg, k) != defaults[k]}
+def adopt(cfg, keys, given):
+    """cfg with the checkpoint's model keys, except those in `given` (set by a config file or an
+    override): one of these is kept if it leaves the weights as they are (FREE; block_size up to
+    the checkpoint's positions), and refused if it does not (another shape, norm or Q/K/V map)."""
+    names = {f.name for f in fields(GPTConfig)}
+    unknown = sorted(set(keys) - names)
+    if unknown:
+        raise PretrainedError(f"the checkpoint's config has keys this version does not know: {', '.join(unknown)}")
+    mine = {k: getattr(cfg, k) for k in keys if k in given}
     clash = [f"{k}={v!r} (the checkpoint's: {keys[k]!r})" for k, v in mine.items()
              if v != keys[k] and (k not in FREE or k == 'block_size' and v > keys[k])]
     if clash:
         raise PretrainedError("the config sets what the pretrained weights fix: " + ', '.join(clash)
-                              + "; leave these keys out, the checkpoint sets them")
-    return type(cfg)(**{**asdict(cfg), **keys, **mine})
+                              + f"; leave these keys out (block_size: at most {keys['block_size']}), the checkpoint "
+                                f"sets them")
+    try:
+        return type(cfg)(**{**asdict(cfg), **keys, **mine})
+    except ValueError as e:
+        raise PretrainedError(f"with the checkpoint's model keys, {e}") from None
 
 
 def fit(model, state):
@@ -148,7 +155,7 @@ def fit(model, state):
 def load_model(name_or_dir, **overrides):
     """GPT.from_pretrained: the checkpoint's GPT, with overrides of the keys that keep its weights."""
     keys, state = read(name_or_dir)
-    return fit(GPT(adopt(GPTConfig(**overrides), keys)), state)
+    return fit(GPT(adopt(GPTConfig(**overrides), keys, set(overrides))), state)
 
 
 def export(model, folder):

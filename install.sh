@@ -4,7 +4,7 @@
 #
 # torch comes first, pinned, and chosen for the machine, because a plain `pip install torch` on
 # Linux takes PyPI's CUDA build with several GB of CUDA libraries, even where no GPU exists:
-#   - a torch (>= 2.5) already installed is kept (a cluster's own build, say);
+#   - a torch (>= 2.9, for torch.optim.Muon) already installed is kept (a cluster's own build, say);
 #   - with an NVIDIA GPU (nvidia-smi lists one): torch 2.13.0 from PyPI, the CUDA build;
 #   - outside Linux: torch 2.13.0 from PyPI, whose builds there have no CUDA libraries;
 #   - on Linux without a GPU: torch 2.13.0+cpu from PyTorch's CPU index, or from any wheel folder or mirror in
@@ -17,7 +17,7 @@ python=${PYTHON:-python3}
 torch_version=2.13.0
 cpu_index=https://download.pytorch.org/whl/cpu
 
-if "$python" -c 'import sys, torch; sys.exit(tuple(map(int, torch.__version__.split(".")[:2])) < (2, 5))' 2>/dev/null; then
+if "$python" -c 'import sys, torch; sys.exit(tuple(map(int, torch.__version__.split(".")[:2])) < (2, 9))' 2>/dev/null; then
   echo "keeping the installed torch $("$python" -c 'import torch; print(torch.__version__)')"
 elif command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
   echo "NVIDIA GPU found: torch $torch_version with CUDA from PyPI"

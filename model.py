@@ -177,7 +177,8 @@ class NormalizedUpdate(ResidualUpdate):
     Eq. 10-11), h and u's direction on the unit sphere, alpha the learnable per-dimension eigen
     learning rate (alpha_init 0.05, alpha_scale 1/sqrt(d), Sec. 2.5). The model around it has no
     norms (keeps_norm), the normalized architecture (normalized), and after every step all its
-    embeddings and matrices unit-norm along the embedding dimension (after_step, Sec. 2.1-2.4)."""
+    embeddings and matrices unit-norm along the embedding dimension (after_step, Sec. 2.1-2.4;
+    a ViT's patch embedding, a convolution, is left as it is)."""
     keeps_norm = normalized = True
 
     def __init__(self, d):
@@ -480,9 +481,10 @@ class Trunk:
     """The stack both models share: ln_emb -> blocks -> ln_f (a mixin, so each model registers these
     modules among its own). With a norm-keeping rule it is the Orthogonal Transformer's ([OT]
     "Experiments"): one weightless RMSNorm after the embeddings and no other norm, so every block
-    sees ||x|| = sqrt(d)."""
+    sees ||x|| = sqrt(d); with the normalized architecture, ||x|| = 1 and logits scaled by s_z
+    ([nGPT] Sec. 2.1)."""
 
-    def build_trunk(self, config, causal):
+    def build_trunk(self, config, causal, n_out):
         self.rule = RESIDUALS[config.residual]
         keeps_norm = self.rule.keeps_norm
         # eps far below any embedding's mean square, so the norm is sqrt(d) to float32 rounding
@@ -490,6 +492,10 @@ class Trunk:
                        nn.RMSNorm(config.n_embd, eps=1e-30, elementwise_affine=False) if keeps_norm else nn.Identity())
         self.blocks = nn.ModuleList([Block(config, i, causal) for i in range(config.n_layer)])
         self.ln_f = make_norm(config, keeps_norm)
+        self.s_z = ScaleVector(n_out, 1.0, 1 / math.sqrt(config.n_embd)) if self.rule.normalized else None
+
+    def scaled(self, logits):
+        return logits if self.s_z is None else logits * self.s_z()
 
     def trunk(self, x, cache=None):  # (B, T, C) embeddings -> (B, T, C) features for the head
         x = self.ln_emb(x)
@@ -537,9 +543,8 @@ class GPT(Trunk, nn.Module):
         self.wte = nn.Embedding(config.vocab_size, d)
         self.wpe = nn.Embedding(config.block_size, d)
         self.drop = nn.Dropout(config.dropout)
-        self.build_trunk(config, causal=True)
+        self.build_trunk(config, causal=True, n_out=config.vocab_size)
         self.lm_head = nn.Linear(d, config.vocab_size, bias=False)
-        self.s_z = ScaleVector(config.vocab_size, 1.0, 1 / math.sqrt(d)) if self.rule.normalized else None  # [nGPT] 2.1
         if config.tie_weights:
             self.wte.weight = self.lm_head.weight
         self.init_weights()
@@ -575,9 +580,7 @@ class GPT(Trunk, nn.Module):
         x = self.trunk(self.drop(self.wte(idx) + self.wpe(pos)), cache)  # (B, T, C)
         if cache is not None:
             cache.pos += T
-        logits = self.lm_head(x)  # (B, T, vocab)
-        if self.s_z is not None:
-            logits = logits * self.s_z()
+        logits = self.scaled(self.lm_head(x))  # (B, T, vocab)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
@@ -637,7 +640,7 @@ class ViT(Trunk, nn.Module):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d))
         self.pos_emb = nn.Parameter(torch.zeros(1, (config.image_size // p) ** 2 + 1, d))
         self.drop = nn.Dropout(config.dropout)
-        self.build_trunk(config, causal=False)
+        self.build_trunk(config, causal=False, n_out=config.n_classes)
         self.head = nn.Linear(d, config.n_classes)
         self.init_weights()
 
@@ -661,7 +664,7 @@ class ViT(Trunk, nn.Module):
         given: class indices (B,) or class probabilities (B, n_classes), as mixup makes."""
         x = self.patch_embed(images).flatten(2).transpose(1, 2)  # (B, N, C)
         x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + self.pos_emb
-        logits = self.head(self.trunk(self.drop(x))[:, 0])  # (B, n_classes)
+        logits = self.scaled(self.head(self.trunk(self.drop(x))[:, 0]))  # (B, n_classes)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits, labels, label_smoothing=self.config.label_smoothing)

@@ -41,7 +41,7 @@ def build(cfg, step, ckpt_path):
     seed_all(cfg.seed)
     model = task.model().to(device)
     if ckpt_path:
-        model.load_state_dict(checkpoint.load(ckpt_path)['model'])
+        checkpoint.load_weights(model, checkpoint.load(ckpt_path), ckpt_path)
     device_type = device.split(':')[0]
     optimizer, scaler = make_optimizer(model, task.cfg, device_type), StepScaler(device_type, 'float32')
     for it in range(step):

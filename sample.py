@@ -60,7 +60,7 @@ def main(argv=None):
 
     device = resolve_device(args.device)
     try:
-        model, ckpt, cfg = checkpoint.load_language_model(args.out_dir, args.ckpt, map_location=device)
+        model, ckpt, cfg = checkpoint.load_language_model(args.out_dir, args.ckpt)
     except checkpoint.CheckpointError as e:
         sys.exit(f"error: {e}")
     model.to(device)

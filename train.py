@@ -26,7 +26,7 @@ import statistics
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 
 import torch
 import torch.distributed as dist
@@ -113,7 +113,7 @@ def cpu_command(argv):
     return shlex.join(['python', 'train.py', *files, cpu, *overrides])
 
 
-def starting_point(cfg, env):
+def starting_point(cfg, env, given):
     """(cfg, checkpoint, pretrained state): what the run starts from, a checkpoint of its own to
     resume (--init_from=resume), pretrained weights (a GPT-2 name or a Hugging Face folder: hf.py),
     or nothing. Pretrained weights fix the architecture, for the run and for its resumptions."""
@@ -121,8 +121,9 @@ def starting_point(cfg, env):
         if cfg.init_from == 'resume':
             ckpt = read_checkpoint(cfg.out_dir, env)
             saved = configure.from_dict(ckpt['config'])
-            if hf.is_pretrained(saved.init_from):
-                cfg = hf.adopt(cfg, {f.name: getattr(saved, f.name) for f in fields(GPTConfig)})
+            if hf.is_pretrained(saved.init_from):  # the saved architecture again; the weights' origin kept
+                cfg = replace(hf.adopt(cfg, {f.name: getattr(saved, f.name) for f in fields(GPTConfig)}, given),
+                              init_from=saved.init_from)
             return cfg, ckpt, None
         path = os.path.join(cfg.out_dir, 'ckpt.pt')
         if os.path.exists(path):
@@ -130,7 +131,7 @@ def starting_point(cfg, env):
                  f"pick another --out_dir (or delete the old one)")
         if hf.is_pretrained(cfg.init_from):
             keys, state = hf.read(cfg.init_from)
-            return hf.adopt(cfg, keys), None, state
+            return hf.adopt(cfg, keys, given), None, state
         return cfg, None, None
     except hf.PretrainedError as e:
         fail(str(e))
@@ -265,7 +266,7 @@ class Run:
             if not env.fsdp and not all(torch.equal(s['weights'], mine['weights']) for s in streams):
                 fail(f"at iteration {self.iter_num} the {env.world} processes hold different weights: "
                      f"DDP replicas diverged")
-        sharded = checkpoint.save_sharded(raw, self.optimizer, cfg.out_dir, self.iter_num) if env.fsdp else None
+        sharded = checkpoint.save_sharded(raw, self.optimizer, cfg.out_dir, self.iter_num, env.master) if env.fsdp else None
         if not env.master:
             return
         path = os.path.join(cfg.out_dir, 'ckpt.pt')
@@ -473,14 +474,15 @@ def main(argv=None):
         print(__doc__)
         print(configure.usage())
         return
+    given = set()
     try:
-        cfg = configure.load(argv)
+        cfg = configure.load(argv, given=given)
     except configure.ConfigError as e:
         fail(f"config: {e}")
     was_deterministic = torch.are_deterministic_algorithms_enabled()
     env = setup(cfg)
     try:
-        cfg, ckpt, pretrained = starting_point(cfg, env)
+        cfg, ckpt, pretrained = starting_point(cfg, env, given)
         try:
             task = make_task(cfg, env.device, env.rank, env.world)
         except DataError as e:

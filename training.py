@@ -15,6 +15,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.nn.utils import parametrize
 
 from model import maps_held
 from tasks import build_model, model_classes
@@ -100,6 +101,9 @@ def setup(cfg):
              f"{world} processes; use a multiple of {world}")
     device_type = device.split(':')[0]
     dtype = resolve_dtype(cfg.dtype, device_type)
+    if fsdp and cfg.dynamics:
+        fail("dynamics=True measures the stream with a forward of rank 0 alone, which FSDP's sharded model "
+             "cannot run: use parallel='ddp' for it")
     if fsdp and cfg.optimizer == 'muon':
         fail("optimizer='muon' orthogonalises whole matrices, which parallel='fsdp' shards: use parallel='ddp'")
     if fsdp and dtype == 'float16':
@@ -111,17 +115,20 @@ def setup(cfg):
         os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.benchmark = False
-    amp = nullcontext() if fsdp else autocast(device_type, dtype)  # FSDP casts by its MixedPrecisionPolicy
-    return Env(rank, local_rank, world, ddp, fsdp, device, dtype, amp)
+    return Env(rank, local_rank, world, ddp, fsdp, device, dtype, autocast(device_type, dtype))
 
 
 def parallelize(model, cfg, env):
     """(the model to train, its optimizer). FSDP2 shards every block and then the whole model over
-    the process group (fully_shard), computing in env's dtype and reducing gradients in float32;
-    DDP keeps a replica per process. torch.compile (cfg.compile; default: on CUDA) comes between."""
+    the process group (fully_shard), casting parameters to env's dtype for compute (the raw W of a
+    Q/K/V map stays float32; autocast runs as without FSDP) and reducing gradients in float32; DDP
+    keeps a replica per process. torch.compile (cfg.compile; default: on CUDA) comes between."""
     if env.fsdp:
         mp = MixedPrecisionPolicy(param_dtype=getattr(torch, env.dtype), reduce_dtype=torch.float32)
+        whole = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
         for block in model.blocks:
+            if parametrize.is_parametrized(block.attn.c_attn):  # the Q/K/V map reads its raw W in float32
+                fully_shard(block.attn.c_attn, mp_policy=whole)
             fully_shard(block, mp_policy=mp)
         fully_shard(model, mp_policy=mp)
     optimizer = make_optimizer(model, cfg, env.device_type)
@@ -160,6 +167,7 @@ class Optimizers:
 
     def __init__(self, **named):
         self.named = named
+        self.base = {name: [g['base_lr'] for g in o.param_groups] for name, o in named.items()}
 
     def __iter__(self):
         return iter(self.named.values())
@@ -185,6 +193,14 @@ class Optimizers:
             state = {'adamw': state}
         for name, o in self.named.items():
             o.load_state_dict(state[name])
+        self.keep_base_lr()
+
+    def keep_base_lr(self):
+        """Each group's base learning rate from the config again: loading a state replaces the
+        groups with the saved ones, whose rates are the old run's (or missing, before Muon)."""
+        for name, o in self.named.items():
+            for group, lr in zip(o.param_groups, self.base[name]):
+                group['base_lr'] = lr
 
 
 def make_optimizer(model, cfg, device_type):
@@ -238,8 +254,9 @@ def train_step(model, optimizer, scaler, next_batch, micro_steps, grad_clip, amp
     over micro-batches (and over env's processes, reduced on the last micro-step only), under the
     autocast context amp. The orthogonal Q/K/V maps are computed once for all micro-steps, except
     under FSDP, where each layer's raw W is whole only inside its own forward. A step with an
-    inf/nan gradient is skipped by the scaler. Then the residual rule's after_step. Returns the
-    last micro-batch's loss and each parameter's gradient norm, as device tensors: nothing syncs."""
+    inf/nan gradient anywhere is skipped, by every optimizer and every FSDP shard alike. Then the
+    residual rule's after_step. Returns the last micro-batch's loss and each parameter's gradient
+    norm, as device tensors: nothing syncs, except Muon's step, which reads the scaler's verdict."""
     with nullcontext({}) if env is not None and env.fsdp else maps_held(model, grad=True) as maps:
         for micro_step in range(micro_steps):
             x, y = next_batch()
@@ -248,12 +265,16 @@ def train_step(model, optimizer, scaler, next_batch, micro_steps, grad_clip, amp
             with synchronising(model, env, micro_step == micro_steps - 1), amp:
                 _, loss = model(x, y)
             scaler.scale(loss / micro_steps).backward()
-    for opt in optimizer:
-        scaler.unscale_(opt)
     grads = [p.grad for group in optimizer.param_groups for p in group['params']]
     norms = torch._foreach_norm(grads)  # what clip_grad_norm_ computes, kept per parameter
     if isinstance(norms[0], DTensor):  # FSDP: each a partial norm of the shards, reduced at once
         norms = list(torch.stack(norms).full_tensor().unbind())
+    # the scaler skips an optimizer whose own gradients are non-finite: make one such gradient
+    # anywhere non-finite everywhere, so that the whole step is skipped, not a part of it
+    torch._foreach_mul_(grads, torch.where(torch.isfinite(torch.stack(norms)).all(), 1.0, float('nan')))
+    for opt in optimizer:
+        scaler.unscale_(opt)
+    norms = torch._foreach_mul(norms, scaler.inverse())
     if grad_clip > 0:
         total = torch.linalg.vector_norm(torch.stack(norms))
         torch._foreach_mul_(grads, torch.clamp(grad_clip / (total + 1e-6), max=1.0))

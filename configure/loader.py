@@ -154,10 +154,12 @@ def build(values):
         raise ConfigError(str(e)) from None
 
 
-def load(argv, base=None):
+def load(argv, base=None, given=None):
     """Config from a list of config-file paths and --key=value overrides, applied left to right
-    to the defaults (or to the Config `base`)."""
+    to the defaults (or to the Config `base`). A set passed as `given` receives the keys that a
+    file or an override set, at whatever value."""
     values = asdict(base) if base is not None else {f.name: f.default for f in fields(Config) if f.default is not MISSING}
+    given = set() if given is None else given
     for arg in argv:
         if arg.startswith('--'):
             key, eq, text = arg[2:].partition('=')
@@ -165,10 +167,13 @@ def load(argv, base=None):
                 raise ConfigError(f"override {arg!r} has no value; write --{key}=VALUE")
             check_key(key, f"override {arg!r}")
             values[key] = parse(key, text, HINTS[key])
+            given.add(key)
         elif '=' in arg and not os.path.exists(arg):
             raise ConfigError(f"{arg!r} is neither a config file nor an override; did you mean --{arg}?")
         else:
-            values.update(run_file(arg, values))
+            updates = run_file(arg, values)
+            values.update(updates)
+            given.update(updates)
     return build(values)
 
 

@@ -81,5 +81,8 @@ class Config(GPTConfig, ViTConfig):
         for key in ('beta1', 'beta2', 'muon_momentum'):
             if not 0 <= getattr(self, key) < 1:
                 raise ValueError(f"{key}={getattr(self, key)} must lie in [0, 1)")
+        if not self.learning_rate > 0:
+            raise ValueError(f"learning_rate={self.learning_rate} must be positive: the schedule scales every "
+                             f"group's rate by its fraction of it")
         if self.min_lr is not None and self.min_lr > self.learning_rate:
             raise ValueError(f"min_lr={self.min_lr} exceeds learning_rate={self.learning_rate}")

@@ -68,6 +68,17 @@ def test_reach_reports_when_each_seed_first_reached_a_groups_final_loss(compared
         assert f"| {', '.join('not reached' if f is None else str(f) for f in firsts)} |" in row
     with pytest.raises(SystemExit, match="--reach 'nope' names no finished group"):
         compare.main(args + ['--reach=nope'])
+    compare.main(args + [f'--reach={target}'])  # a val loss given as a number: the same column
+    assert f"reaches {target:.4f} at (per seed)" in (root / 'out' / 'results.md').read_text()
+
+
+def test_per_sets_a_key_for_one_configs_runs(tmp_path, char_data):
+    runs = compare.plan(compare.parse_args([*CONFIGS, '--seeds=1', f'--out={tmp_path}', '--per',
+                                            'shakespeare_rot:learning_rate=3e-3', '--set=dropout=0.0,0.1'])[0], [])
+    rates = {r['group']: r['cfg'].learning_rate for r in runs}
+    assert rates == {'shakespeare_add dropout=0.0': 1e-3, 'shakespeare_add dropout=0.1': 1e-3,
+                     'shakespeare_rot learning_rate=3e-3 dropout=0.0': 3e-3,
+                     'shakespeare_rot learning_rate=3e-3 dropout=0.1': 3e-3}
 
 
 def test_a_second_call_reruns_nothing(compared, capsys):

@@ -88,8 +88,11 @@ def test_sampling_and_the_users_errors(sharded, tmp_path, capsys, char_data):
                     '--n_embd=32', '--block_size=32', '--qkv=cayley', '--gradient_accumulation_steps=2', '--compile=False'])
 
 
-def test_fsdp_refuses_float16(root, tmp_path):
+@pytest.mark.parametrize('arg,expected', [('--dtype=float16', 'use --dtype=bfloat16'),
+                                          ('--dynamics=True', "use parallel='ddp' for it"),
+                                          ('--optimizer=muon', "which parallel='fsdp' shards")])
+def test_fsdp_refuses_what_it_cannot_do(arg, expected, root, tmp_path):
     cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=1', 'train.py',
-           '--parallel=fsdp', '--dtype=float16', '--device=cpu', f'--out_dir={tmp_path}']
+           '--parallel=fsdp', arg, '--device=cpu', f'--out_dir={tmp_path}']
     done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=120)
-    assert done.returncode != 0 and "use --dtype=bfloat16" in done.stdout + done.stderr
+    assert done.returncode != 0 and expected in done.stdout + done.stderr

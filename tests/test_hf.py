@@ -125,7 +125,8 @@ def test_finetuning_gpt2_weights_with_orthogonal_updates_trains_and_resumes(tmp_
     history = logs.evals(out)
     assert history[-1][1] < history[0][1]
     train.main([*args, '--max_iters=30', '--init_from=resume'])  # the checkpoint sets the architecture again
-    assert [i for i, _ in logs.evals(out)] == [0, 10, 20, 30]
+    train.main([*args, '--max_iters=40', '--init_from=resume'])  # and again: it remembers its weights' origin
+    assert [i for i, _ in logs.evals(out)] == [0, 10, 20, 30, 40]
 
 
 @pytest.mark.parametrize('args,expected', [

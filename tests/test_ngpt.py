@@ -2,6 +2,7 @@
 optimizer='muon': unit norms where the paper puts them, the scaling vectors' restoration, and the
 loop's DDP, gradient accumulation, scaler and exact resume with Muon's state."""
 
+import json
 import math
 import subprocess
 import sys
@@ -167,3 +168,44 @@ def test_muon_resumes_exactly_with_its_state_and_runs_under_ddp_and_float16(run,
            '--max_iters=6', '--eval_interval=6', '--optimizer=muon', '--gradient_accumulation_steps=4']
     done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0 and 'done: 6 iterations' in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def test_one_non_finite_gradient_skips_every_optimizer():
+    """Muon and AdamW decide their skips apart; a NaN in one AdamW parameter's gradient must stop
+    Muon's step as well, and the step after it goes on as usual."""
+    cfg = configure.load(['--n_layer=2', '--n_head=2', '--n_embd=16', '--block_size=16', '--vocab_size=11',
+                          '--optimizer=muon'])
+    model = GPT(configure.model_config(cfg))
+    poisoned = [True]
+    model.wpe.weight.register_hook(lambda g: g * float('nan') if poisoned[0] else g)
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = steps(model, cfg, n=1)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    poisoned[0] = False
+    x = torch.randint(11, (4, 16))
+    training.train_step(model, opt, StepScaler('cpu', 'float32'), lambda: (x, x), 1, 1.0, nullcontext())
+    assert not torch.equal(before[0], model.wte.weight) and not torch.equal(before[2], model.blocks[0].attn.c_attn.weight)
+
+
+def test_a_checkpoint_from_before_muon_resumes(run, logs):
+    """Its optimizer state is AdamW's alone, with no base learning rates: the config's are used."""
+    out = run('--max_iters=10', '--eval_interval=10')
+    ckpt = checkpoint.load(out / 'ckpt.pt')
+    old = ckpt['optimizer']['adamw']
+    for group in old['param_groups']:
+        del group['base_lr']
+    checkpoint.save(dict(ckpt, optimizer=old, config=json.dumps(ckpt['config']), meta=json.dumps(ckpt['meta'])),
+                    out / 'ckpt.pt')
+    run('--max_iters=20', '--eval_interval=10', '--init_from=resume')
+    assert [i for i, _ in logs.evals(out)] == [0, 10, 20]
+
+
+def test_a_normalized_vit_scales_its_logits():
+    from model import ViT, ViTConfig
+    model = ViT(ViTConfig(image_size=8, patch_size=4, channels=1, n_classes=3, n_layer=1, n_head=2, n_embd=16,
+                          residual='ngpt'))
+    torch.testing.assert_close(model.s_z(), torch.ones(3))
+    with torch.no_grad():
+        model.s_z.weight.mul_(10)
+    x = torch.randn(2, 1, 8, 8)
+    assert model(x)[0].abs().max() > 2  # cosines times 10: beyond the [-1, 1] of unscaled ones

@@ -2,6 +2,7 @@
 
 import os
 
+import bench
 import suite
 
 
@@ -13,8 +14,8 @@ def test_the_smoke_suite_writes_every_table(tmp_path, char_data, capsys):
     report = (out / 'suite.md').read_text()
     for stage in ('step_ddp', 'step_fsdp'):
         rows = [line for line in (out / f'{stage}.md').read_text().splitlines() if line.startswith('| ')]
-        assert [r.split('|')[1].strip() for r in rows[1:]] == ['additive', 'orthogonal', 'rotation', 'cayley', 'exp']
+        assert [r.split('|')[1].strip() for r in rows[1:]] == list(bench.variants())  # every rule, every map
     assert 'FSDP' in (out / 'step_fsdp.md').read_text()
     assert os.path.getsize(out / 'profile' / 'additive.json') > 1000
     assert '| operator | calls | ms a step | share |' in report
-    assert report.count('| `shakespeare_') == 4 and '| cayley |' in (out / 'generate.md').read_text()
+    assert report.count('| `shakespeare_') == 5 and '| cayley |' in (out / 'generate.md').read_text()
