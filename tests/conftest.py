@@ -2,6 +2,8 @@
 
 import json
 import os
+import signal
+import subprocess
 import sys
 from types import SimpleNamespace
 
@@ -79,3 +81,40 @@ def logs():
     return SimpleNamespace(records=read_records,
                            evals=lambda out_dir: [(r['iter'], r['val_loss']) for r in read_records(out_dir)
                                                   if 'val_loss' in r])
+
+
+def descendants(pid):
+    """The processes under pid (Linux): torchrun starts each worker in a session of its own."""
+    found = []
+    for task in os.listdir(f'/proc/{pid}/task'):
+        with open(f'/proc/{pid}/task/{task}/children') as f:
+            for child in map(int, f.read().split()):
+                found += [child, *descendants(child)]
+    return found
+
+
+def launch(nproc, *args, timeout=240, env=None):
+    """torchrun --standalone with nproc processes of train.py *args, in the repository's folder;
+    returns the CompletedProcess. A run past timeout is aborted with every process's Python stack
+    (faulthandler) in the failure, so that a hang says where it hung."""
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={nproc}', 'train.py',
+           *map(str, args)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(env or os.environ, PYTHONFAULTHANDLER='1'))
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stuck = descendants(proc.pid) + [proc.pid]
+        for pid in stuck:
+            os.kill(pid, signal.SIGABRT)
+        out, err = proc.communicate(timeout=60)
+        pytest.fail(f"torchrun ran past {timeout} s; its output, then the stacks of processes {stuck}:\n"
+                    f"{out[-4000:]}\n{err[-12000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+@pytest.fixture(scope='session')
+def torchrun():
+    """torchrun(nproc, *train_py_args, timeout=240, env=None): a CompletedProcess; a hang fails
+    with the stacks of the processes."""
+    return launch

@@ -93,10 +93,8 @@ def test_sigterm_stops_a_long_evaluation_within_seconds(root, tiny, char_data, t
     assert 'stopped by SIGTERM during the evaluation at iteration 0; nothing new to save' in lines[-1]
 
 
-def test_torchrun_ends_with_the_users_error(root, tiny, tmp_path):
-    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=1', 'train.py',
-           '--dataset=openwebtext', f'--data_dir={tmp_path}', '--device=cpu']
-    done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=120)
+def test_torchrun_ends_with_the_users_error(torchrun, tmp_path):
+    done = torchrun(1, '--dataset=openwebtext', f'--data_dir={tmp_path}', '--device=cpu', timeout=120)
     assert done.returncode != 0
     last = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()][-3:]
     assert any("error: dataset 'openwebtext' is not prepared" in line for line in last), '\n'.join(last)

@@ -3,8 +3,6 @@ reaches, checkpoints in torch.distributed.checkpoint's shards resumed on 2 proce
 on 1, and the errors a user meets."""
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -16,10 +14,8 @@ import train
 ARGS = ['--eval_interval=4', '--log_interval=2', '--warmup_iters=2']
 
 
-def torchrun(root, tiny, data, out, nproc, *args):
-    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={nproc}', 'train.py',
-           'config/shakespeare_add.py', *tiny, *ARGS, f'--data_dir={data}', f'--out_dir={out}', *args]
-    done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=240)
+def spawn(torchrun, tiny, data, out, nproc, *args):
+    done = torchrun(nproc, 'config/shakespeare_add.py', *tiny, *ARGS, f'--data_dir={data}', f'--out_dir={out}', *args)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done.stdout
 
@@ -33,23 +29,23 @@ def weights(out, name='ckpt.pt'):
     ['--residual=rotation', '--qkv=exp', '--gradient_accumulation_steps=2'],
     ['--residual=orthogonal', '--ortho_prob=0.5', '--dropout=0.1', '--gradient_accumulation_steps=2'],
     ['--residual=ngpt', '--gradient_accumulation_steps=2']], ids=['cayley', 'rotation-exp', 'orthogonal', 'ngpt'])
-def test_fsdp_reaches_the_weights_of_ddp(variant, root, tiny, char_data, tmp_path):
+def test_fsdp_reaches_the_weights_of_ddp(variant, torchrun, tiny, char_data, tmp_path):
     for parallel in ('ddp', 'fsdp'):
-        torchrun(root, tiny, char_data, tmp_path / parallel, 2, '--max_iters=4', f'--parallel={parallel}', *variant)
+        spawn(torchrun, tiny, char_data, tmp_path / parallel, 2, '--max_iters=4', f'--parallel={parallel}', *variant)
     assert os.path.isdir(tmp_path / 'fsdp' / 'ckpt-0000004.dcp') and not os.path.exists(tmp_path / 'ddp' / 'ckpt-0000004.dcp')
     for a, b in zip(weights(tmp_path / 'ddp').values(), weights(tmp_path / 'fsdp').values()):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
 @pytest.fixture(scope='module')
-def sharded(tmp_path_factory, tiny_text, root, tiny):
+def sharded(tmp_path_factory, tiny_text, torchrun, tiny):
     """A run to 8 on 2 processes, and one stopped at 4 then resumed to 8 on 2; its checkpoint at 4."""
     base = tmp_path_factory.mktemp('fsdp')
     (base / 'data').mkdir()
     (base / 'data' / 'input.txt').write_text(tiny_text, encoding='utf-8')
-    run = lambda out, nproc, *args: torchrun(root, tiny, base / 'data', base / out, nproc, '--parallel=fsdp',  # noqa: E731
-                                             '--qkv=cayley', '--gradient_accumulation_steps=2', '--lr_decay_iters=8',
-                                             *args)
+    run = lambda out, nproc, *args: spawn(torchrun, tiny, base / 'data', base / out, nproc, '--parallel=fsdp',  # noqa: E731
+                                          '--qkv=cayley', '--gradient_accumulation_steps=2', '--lr_decay_iters=8',
+                                          *args)
     run('full', 2, '--max_iters=8')
     run('part', 2, '--max_iters=4')
     os.system(f"cp -r {base / 'part'} {base / 'part1'}")
@@ -91,8 +87,6 @@ def test_sampling_and_the_users_errors(sharded, tmp_path, capsys, char_data):
 @pytest.mark.parametrize('arg,expected', [('--dtype=float16', 'use --dtype=bfloat16'),
                                           ('--dynamics=True', "use parallel='ddp' for it"),
                                           ('--optimizer=muon', "which parallel='fsdp' shards")])
-def test_fsdp_refuses_what_it_cannot_do(arg, expected, root, tmp_path):
-    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=1', 'train.py',
-           '--parallel=fsdp', arg, '--device=cpu', f'--out_dir={tmp_path}']
-    done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=120)
+def test_fsdp_refuses_what_it_cannot_do(arg, expected, torchrun, tmp_path):
+    done = torchrun(1, '--parallel=fsdp', arg, '--device=cpu', f'--out_dir={tmp_path}', timeout=120)
     assert done.returncode != 0 and expected in done.stdout + done.stderr

@@ -4,8 +4,6 @@ loop's DDP, gradient accumulation, scaler and exact resume with Muon's state."""
 
 import json
 import math
-import subprocess
-import sys
 from contextlib import nullcontext
 
 import pytest
@@ -150,7 +148,7 @@ def test_muon_accumulates_gradients_as_one_big_batch():
     torch.testing.assert_close(results[0], results[1], rtol=0, atol=1e-10)
 
 
-def test_muon_resumes_exactly_with_its_state_and_runs_under_ddp_and_float16(run, logs, root, tiny, char_data, tmp_path):
+def test_muon_resumes_exactly_with_its_state_and_runs_under_ddp_and_float16(run, logs, torchrun, tiny, char_data, tmp_path):
     args = ['--eval_interval=10', '--lr_decay_iters=20', '--optimizer=muon']
     full = run('--max_iters=20', *args, out='full')
     run('--max_iters=10', *args, out='part')
@@ -163,10 +161,9 @@ def test_muon_resumes_exactly_with_its_state_and_runs_under_ddp_and_float16(run,
         run('--max_iters=30', '--eval_interval=10', '--init_from=resume', out='full')
     half = run('--max_iters=10', '--eval_interval=10', '--optimizer=muon', '--dtype=float16', out='half')
     assert logs.evals(half)[-1][1] < logs.evals(half)[0][1]
-    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', 'train.py',
-           'config/shakespeare_ngpt.py', *tiny, f'--data_dir={char_data}', f'--out_dir={tmp_path / "ddp"}',
-           '--max_iters=6', '--eval_interval=6', '--optimizer=muon', '--gradient_accumulation_steps=4']
-    done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=180)
+    done = torchrun(2, 'config/shakespeare_ngpt.py', *tiny, f'--data_dir={char_data}', f'--out_dir={tmp_path / "ddp"}',
+                    '--max_iters=6', '--eval_interval=6', '--optimizer=muon', '--gradient_accumulation_steps=4',
+                    timeout=180)
     assert done.returncode == 0 and 'done: 6 iterations' in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
 
 

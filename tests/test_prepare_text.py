@@ -2,8 +2,6 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -149,15 +147,14 @@ def test_train_refuses_a_truncated_shard(tmp_path, bpe_data):
 
 
 @pytest.mark.parametrize('accumulation', [2, 4])
-def test_two_process_ddp_on_shards(root, tiny, tmp_path, bpe_data, accumulation):
+def test_two_process_ddp_on_shards(torchrun, tiny, tmp_path, bpe_data, accumulation):
     """torchrun with gloo: both processes end with the same weights and trained on different windows
     (one or two micro-steps each, with every layer's Cayley maps batched and, over two micro-steps,
     held: the gradients still reach DDP's hooks on the raw weights)."""
     out = tmp_path / 'ddp'
-    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', 'train.py',
-           'config/owt_smoke.py', *tiny, '--block_size=16', f'--data_dir={bpe_data}', f'--out_dir={out}',
-           '--max_iters=6', '--eval_interval=6', f'--gradient_accumulation_steps={accumulation}', '--qkv=cayley']
-    done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=180)
+    done = torchrun(2, 'config/owt_smoke.py', *tiny, '--block_size=16', f'--data_dir={bpe_data}', f'--out_dir={out}',
+                    '--max_iters=6', '--eval_interval=6', f'--gradient_accumulation_steps={accumulation}', '--qkv=cayley',
+                    timeout=180)
     assert done.returncode == 0, done.stdout + done.stderr
     assert '2 process(es) on cpu' in done.stdout and 'done: 6 iterations' in done.stdout
     a, b = checkpoint.load(out / 'ckpt.pt')['streams']
