@@ -71,8 +71,8 @@ def decode(name, split, image_dir=None):
         import datasets
         rows = datasets.load_dataset(spec['hub'], split=split)
     except Exception as e:
-        how = (f"install the Debian package (apt-get install dataset-fashion-mnist), pass --image_dir=DIR "
-               f"holding the IDX .gz files, or " if 'idx' in spec else "")
+        how = ("install the Debian package (apt-get install dataset-fashion-mnist), pass --image_dir=DIR "
+               "holding the IDX .gz files, or " if 'idx' in spec else "")
         raise ImageDataError(f"could not load {name} ({type(e).__name__}: {str(e)[:200]}); {how}"
                              f"allow access to the Hugging Face hub ({spec['hub']})") from None
     return from_rows(rows, spec['image'], spec['label'])
