@@ -61,7 +61,7 @@ class NonFinite:
         self.stats = torch.tensor([0, -1, 0], device=device)  # bad steps, first bad iteration, streak
 
     def record(self, iter_num, loss, grad_norms):
-        bad_params = ~torch.isfinite(torch.stack(grad_norms))
+        bad_params = ~torch.isfinite(grad_norms)
         bad = (bad_params.any() | ~torch.isfinite(loss)).long()
         self.bad_params |= bad_params
         count, first, streak = self.stats

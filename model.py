@@ -19,7 +19,7 @@ The papers, cited in docstrings by their short names:
 import difflib
 import math
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Literal
 
 import torch
@@ -191,10 +191,14 @@ class NormalizedUpdate(ResidualUpdate):
 
     @classmethod
     def after_step(cls, model):
-        outputs = {id(m.c_proj) for m in model.modules() if isinstance(m, (SelfAttention, MLP))}
+        dims = {}  # each weight once: a tied head is the embedding
         for m in model.modules():  # orthogonal Q/K/V (parametrized) have unit rows already
             if isinstance(m, nn.Embedding) or isinstance(m, nn.Linear) and not parametrize.is_parametrized(m):
-                m.weight.copy_(F.normalize(m.weight, dim=0 if id(m) in outputs else -1))
+                dims.setdefault(m.weight, -1)
+            if isinstance(m, (SelfAttention, MLP)):  # outputs: unit columns, along the embedding
+                dims[m.c_proj.weight] = 0
+        for w, dim in dims.items():  # F.normalize's arithmetic, in place
+            w.div_(torch.linalg.vector_norm(w, dim=dim, keepdim=True).clamp_min(1e-12))
 
     def forward(self, x, u, cache=None):
         xf, uf = wide(x), wide(u)
@@ -276,6 +280,12 @@ def maps_held(model, grad=False):
 
 # ----------------------------------------------------------------------------- 3. configs
 
+def closest(word, choices, cutoff=0.5):
+    """'; did you mean X?' for the choice nearest a mistyped word, or ''."""
+    match = difflib.get_close_matches(word, list(choices), n=1, cutoff=cutoff)
+    return f"; did you mean {match[0]!r}?" if match else ""
+
+
 def at_least_one(cfg, *keys):
     for key in keys:
         if getattr(cfg, key) < 1:
@@ -307,11 +317,10 @@ class BlockConfig:
         for key in ('ortho_eps', 'sigma_w', 'sigma_qk'):
             if not getattr(self, key) >= 0:
                 raise ValueError(f"{key}={getattr(self, key)} must not be negative")
-        for key, choices in (('residual', RESIDUALS), ('qkv', QKV_MAPS)):
+        for key, choices in ((f.name, f.metadata['choices']) for f in fields(self) if 'choices' in f.metadata):
             if getattr(self, key) not in choices:
-                near = difflib.get_close_matches(str(getattr(self, key)), list(choices), n=1)
                 raise ValueError(f"{key}={getattr(self, key)!r} is not one of {' | '.join(map(repr, choices))}"
-                                 + (f"; did you mean {near[0]!r}?" if near else ''))
+                                 + closest(str(getattr(self, key)), choices, cutoff=0.6))
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; "
                              f"choose n_head among {[h for h in range(1, 17) if self.n_embd % h == 0]}")

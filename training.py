@@ -255,8 +255,8 @@ def train_step(model, optimizer, scaler, next_batch, micro_steps, grad_clip, amp
     autocast context amp. The orthogonal Q/K/V maps are computed once for all micro-steps, except
     under FSDP, where each layer's raw W is whole only inside its own forward. A step with an
     inf/nan gradient anywhere is skipped, by every optimizer and every FSDP shard alike. Then the
-    residual rule's after_step. Returns the last micro-batch's loss and each parameter's gradient
-    norm, as device tensors: nothing syncs, except Muon's step, which reads the scaler's verdict."""
+    residual rule's after_step. Returns the last micro-batch's loss and the parameters' gradient
+    norms (one tensor, in param_groups' order), on the device: nothing syncs, except Muon's step, which reads the scaler's verdict."""
     with nullcontext({}) if env is not None and env.fsdp else maps_held(model, grad=True) as maps:
         for micro_step in range(micro_steps):
             x, y = next_batch()
@@ -266,18 +266,17 @@ def train_step(model, optimizer, scaler, next_batch, micro_steps, grad_clip, amp
                 _, loss = model(x, y)
             scaler.scale(loss / micro_steps).backward()
     grads = [p.grad for group in optimizer.param_groups for p in group['params']]
-    norms = torch._foreach_norm(grads)  # what clip_grad_norm_ computes, kept per parameter
-    if isinstance(norms[0], DTensor):  # FSDP: each a partial norm of the shards, reduced at once
-        norms = list(torch.stack(norms).full_tensor().unbind())
-    # the scaler skips an optimizer whose own gradients are non-finite: make one such gradient
-    # anywhere non-finite everywhere, so that the whole step is skipped, not a part of it
-    torch._foreach_mul_(grads, torch.where(torch.isfinite(torch.stack(norms)).all(), 1.0, float('nan')))
+    norms = torch.stack(torch._foreach_norm(grads))  # what clip_grad_norm_ computes, kept per parameter
+    if isinstance(norms, DTensor):  # FSDP: partial norms of the shards, reduced at once
+        norms = norms.full_tensor()
+    norms = norms * scaler.inverse()
+    # one pass over the gradients: the clipping factor (scaling by the scaler's power of two
+    # commutes with it exactly), or nan everywhere where any gradient is non-finite, since the
+    # scaler skips only an optimizer whose own gradients are: the whole step is skipped, not a part
+    clip = torch.clamp(grad_clip / (torch.linalg.vector_norm(norms) + 1e-6), max=1.0) if grad_clip > 0 else 1.0
+    torch._foreach_mul_(grads, torch.where(torch.isfinite(norms).all(), clip, float('nan')))
     for opt in optimizer:
         scaler.unscale_(opt)
-    norms = torch._foreach_mul(norms, scaler.inverse())
-    if grad_clip > 0:
-        total = torch.linalg.vector_norm(torch.stack(norms))
-        torch._foreach_mul_(grads, torch.clamp(grad_clip / (total + 1e-6), max=1.0))
     for opt in optimizer:  # Muon, without the fused kernels' on-device skip, reads the scaler's verdict
         scaler.step(opt)
     scaler.update()

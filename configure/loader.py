@@ -11,7 +11,7 @@ import typing
 from dataclasses import MISSING, asdict, fields
 
 from configure.schema import Config
-from model import GPTConfig
+from model import GPTConfig, closest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HINTS = typing.get_type_hints(Config)
@@ -20,11 +20,6 @@ CHOICES = {f.name: f.metadata['choices'] for f in fields(Config) if 'choices' in
 
 class ConfigError(ValueError):
     pass
-
-
-def closest(word, choices):
-    match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.5)
-    return f"; did you mean {match[0]!r}?" if match else ""
 
 
 def type_name(hint, key=None):
