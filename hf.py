@@ -19,8 +19,7 @@ import os
 import re
 from dataclasses import asdict, fields
 
-from model import GPT, GPTConfig
-from training import SWITCHABLE
+from model import GPT, SWITCHABLE, GPTConfig
 
 GPT2 = {name: f'openai-community/{name}' for name in ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl')}
 GPT2_ARCH = dict(norm='layernorm', bias=True, activation='gelu_tanh', tie_weights=True, qkv='dense')

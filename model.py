@@ -280,6 +280,11 @@ def maps_held(model, grad=False):
 
 # ----------------------------------------------------------------------------- 3. configs
 
+# keys a run may change when it resumes: they choose the update rule or only the initial weights
+SWITCHABLE = {'residual', 'ortho_mode', 'ortho_eps', 'ortho_prob', 'ortho_layers', 'dropout', 'init',
+              'sigma_w', 'sigma_qk'}
+
+
 def closest(word, choices, cutoff=0.5):
     """'; did you mean X?' for the choice nearest a mistyped word, or ''."""
     match = difflib.get_close_matches(word, list(choices), n=1, cutoff=cutoff)

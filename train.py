@@ -25,8 +25,7 @@ import signal
 import statistics
 import sys
 import time
-from contextlib import nullcontext
-from dataclasses import asdict, fields, replace
+from dataclasses import asdict, replace
 
 import torch
 import torch.distributed as dist
@@ -36,12 +35,16 @@ import configure
 import diagnostics
 import hf
 from guards import Interrupt, Interrupted, NonFinite, StepScaler, rng_state, seed_all, set_rng_state
-from model import GPTConfig, maps_held
 from tasks import DataError, make_task
-from training import fail, fingerprint, get_lr, parallelize, resume_problems, setup, train_step
+from training import fail, fingerprint, get_lr, maps_of, parallelize, resume_problems, setup, train_step
 
 UNRECORDED = {'init_from', 'eval_only', 'reset_optimizer'}
 CPU_PATIENCE = 3600  # seconds: a CPU run expected to take longer is told of config/cpu.py
+
+
+def out_of_memory(e):
+    """Whether a RuntimeError is the allocator's: a GPU's OutOfMemoryError, or a CPU's message."""
+    return isinstance(e, torch.OutOfMemoryError) or "can't allocate memory" in str(e) or 'out of memory' in str(e)
 
 
 def oom_advice(cfg, first):
@@ -122,7 +125,7 @@ def starting_point(cfg, env, given):
             ckpt = read_checkpoint(cfg.out_dir, env)
             saved = configure.from_dict(ckpt['config'])
             if hf.is_pretrained(saved.init_from):  # the saved architecture again; the weights' origin kept
-                cfg = replace(hf.adopt(cfg, {f.name: getattr(saved, f.name) for f in fields(GPTConfig)}, given),
+                cfg = replace(hf.adopt(cfg, asdict(configure.model_config(saved)), given),
                               init_from=saved.init_from)
             return cfg, ckpt, None
         path = os.path.join(cfg.out_dir, 'ckpt.pt')
@@ -283,10 +286,14 @@ class Run:
         if sharded:
             checkpoint.prune_sharded(cfg.out_dir)
 
+    def evaluates_at(self, i):
+        """Whether the run evaluates at iteration i: every eval_interval, at max_iters, not twice."""
+        return (i % self.cfg.eval_interval == 0 or i == self.cfg.max_iters) and i != self.last_eval
+
     def evaluate(self):
         """The task's metrics; a signal stops it between batches (guards.Interrupted)."""
         env = self.env
-        with nullcontext() if env.fsdp else maps_held(self.model):  # under FSDP each layer maps its own W
+        with maps_of(self.model, env):
             return self.task.evaluate(self.model, env.autocast, env.ddp, self.cfg.eval_iters,
                                       lambda: self.interrupt.check(env.ddp, env.device))
 
@@ -315,10 +322,8 @@ class Run:
             loss, grad_norms = train_step(self.model, self.optimizer, self.scaler, self.task.next_batch,
                                           cfg.gradient_accumulation_steps // self.env.world, cfg.grad_clip,
                                           self.env.autocast, self.env)
-        except torch.OutOfMemoryError:
-            fail(oom_advice(cfg, self.iter_num == self.start_iter))
-        except RuntimeError as e:
-            if "can't allocate memory" not in str(e) and 'out of memory' not in str(e):
+        except RuntimeError as e:  # torch.OutOfMemoryError included
+            if not out_of_memory(e):
                 raise
             fail(oom_advice(cfg, self.iter_num == self.start_iter))
         self.nonfinite.record(self.iter_num, loss, grad_norms)
@@ -367,8 +372,7 @@ class Run:
         cfg, env, task = self.cfg, self.env, self.task
         self.dts, t_last, since = [], time.perf_counter(), 0
         while True:
-            if (self.iter_num % cfg.eval_interval == 0 or self.iter_num == cfg.max_iters) and \
-                    self.last_eval != self.iter_num:
+            if self.evaluates_at(self.iter_num):
                 self.evaluate_and_save()
                 t_last, since = time.perf_counter(), 0
             if self.iter_num >= cfg.max_iters:
@@ -420,14 +424,14 @@ class Run:
             while sizes:
                 n = sizes.pop(0)
                 t0 = time.perf_counter()
-                with maps_held(raw, grad=True), self.env.autocast:
+                with maps_of(raw, self.env, grad=True), self.env.autocast:
                     _, loss = raw(x[:n], y[:n])
                 loss.backward()
                 seconds = (time.perf_counter() - t0) * len(x) / n
                 if not sizes and n < len(x) and seconds < 2:
                     sizes.append(len(x))
-        except (torch.OutOfMemoryError, RuntimeError) as e:
-            if not isinstance(e, torch.OutOfMemoryError) and "can't allocate memory" not in str(e):
+        except RuntimeError as e:
+            if not out_of_memory(e):
                 raise
             fail(oom_advice(self.cfg, True))
         raw.zero_grad(set_to_none=True)
@@ -440,8 +444,7 @@ class Run:
         cfg = self.cfg
         seconds = self.time_micro_step()
         iters = cfg.max_iters - self.iter_num
-        evals = sum(1 for i in range(self.iter_num, cfg.max_iters + 1)
-                    if (i % cfg.eval_interval == 0 or i == cfg.max_iters) and i != self.last_eval)
+        evals = sum(1 for i in range(self.iter_num, cfg.max_iters + 1) if self.evaluates_at(i))
         total = seconds * (iters * cfg.gradient_accumulation_steps // self.env.world
                            + evals * self.task.eval_batches(cfg.eval_iters) / 3)  # a forward: ~1/3 of both
         print(f"on this CPU: about {format_eta(total)} for {iters} iterations and {evals} evaluations "

@@ -17,12 +17,8 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.nn.utils import parametrize
 
-from model import maps_held
+from model import SWITCHABLE, maps_held
 from tasks import build_model, model_classes
-
-# model keys a resumed run may change: they choose the update rule or only the initial weights
-SWITCHABLE = {'residual', 'ortho_mode', 'ortho_eps', 'ortho_prob', 'ortho_layers', 'dropout', 'init',
-              'sigma_w', 'sigma_qk'}
 
 
 def fail(msg):
@@ -242,6 +238,12 @@ def hold_across_micro_steps(maps, micro_step, micro_steps):
             p.held = value
 
 
+def maps_of(model, env, grad=False):
+    """model.maps_held, except under FSDP, where each layer's raw W is whole only inside its own
+    forward, which computes its map there (yields {} then)."""
+    return nullcontext({}) if env is not None and env.fsdp else maps_held(model, grad=grad)
+
+
 def synchronising(model, env, last):
     """A micro-step's context: gradients reduced across processes on the last micro-step only."""
     if env is not None and env.fsdp:
@@ -257,7 +259,7 @@ def train_step(model, optimizer, scaler, next_batch, micro_steps, grad_clip, amp
     inf/nan gradient anywhere is skipped, by every optimizer and every FSDP shard alike. Then the
     residual rule's after_step. Returns the last micro-batch's loss and the parameters' gradient
     norms (one tensor, in param_groups' order), on the device: nothing syncs, except Muon's step, which reads the scaler's verdict."""
-    with nullcontext({}) if env is not None and env.fsdp else maps_held(model, grad=True) as maps:
+    with maps_of(model, env, grad=True) as maps:
         for micro_step in range(micro_steps):
             x, y = next_batch()
             if micro_steps > 1:
