@@ -30,8 +30,8 @@ import time
 import numpy as np
 import torch
 
+import bench
 from data import shards
-from model import QKV_MAPS, RESIDUALS
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 GPT2 = ['config/gpt2_124m_add.py', '--gradient_accumulation_steps=8']
@@ -55,7 +55,7 @@ def stages(out, smoke, shakespeare_data):
     data = [f'--data_dir={random_tokens(os.path.join(out, "data"))}', '--dataset=randtok']
     shape = TINY if smoke else [*GPT2, '--compile']
     timing = ['--steps=1', '--repeats=2', '--warmup=1'] if smoke else ['--steps=2', '--repeats=5', '--warmup=2']
-    every = ','.join([*RESIDUALS, *(k for k, f in QKV_MAPS.items() if f is not None)])
+    every = ','.join(bench.variants())
     small = ['--device=cpu', '--n_layer=1', '--n_head=2', '--n_embd=16', '--block_size=16'] if smoke else []
     sh_data = [f'--data_dir={shakespeare_data}'] if shakespeare_data else []
     runs = ['--max_iters=4', '--eval_interval=2', '--eval_iters=2', '--batch_size=2', '--compile=False'] if smoke else \

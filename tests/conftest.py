@@ -77,8 +77,11 @@ def read_records(out_dir):
 
 @pytest.fixture(scope='session')
 def logs():
-    """logs.records(out_dir): every log.jsonl record; logs.evals(out_dir): (iter, val_loss) pairs."""
+    """logs.records(out_dir): every log.jsonl record; logs.losses(out_dir): (iter, loss, val_loss)
+    of each training and evaluation record; logs.evals(out_dir): (iter, val_loss) pairs."""
     return SimpleNamespace(records=read_records,
+                           losses=lambda out_dir: [(r['iter'], r.get('loss'), r.get('val_loss'))
+                                                   for r in read_records(out_dir) if 'event' not in r],
                            evals=lambda out_dir: [(r['iter'], r['val_loss']) for r in read_records(out_dir)
                                                   if 'val_loss' in r])
 

@@ -20,11 +20,6 @@ TINY = ['--n_layer=1', '--n_head=2', '--n_embd=16', '--block_size=16', '--batch_
 CONFIGS = [os.path.join(ROOT, 'config', c) for c in ('shakespeare_add.py', 'shakespeare_rot.py')]
 
 
-def logged(out_dir):
-    with open(os.path.join(out_dir, 'log.jsonl')) as f:
-        return [json.loads(line) for line in f]
-
-
 @pytest.fixture(scope='module')
 def compared(tmp_path_factory, tiny_text):
     root = tmp_path_factory.mktemp('compare')
@@ -35,13 +30,13 @@ def compared(tmp_path_factory, tiny_text):
     return root, args, compare.main(args)
 
 
-def test_runs_every_config_and_seed_and_tabulates_their_logs(compared):
+def test_runs_every_config_and_seed_and_tabulates_their_logs(compared, logs):
     root, _, groups = compared
     assert list(groups) == ['shakespeare_add', 'shakespeare_rot']
     text = (root / 'out' / 'results.md').read_text()
     for label in groups:
         runs = [root / 'out' / f'{label}-s{seed}' for seed in (1337, 1)]
-        evals = [[r for r in logged(d) if 'val_loss' in r] for d in runs]
+        evals = [[r for r in logs.records(d) if 'val_loss' in r] for d in runs]
         best = [min(r['val_loss'] for r in e) for e in evals]
         final = [e[-1]['val_loss'] for e in evals]
         assert [e[-1]['iter'] for e in evals] == [20, 20]
@@ -53,16 +48,16 @@ def test_runs_every_config_and_seed_and_tabulates_their_logs(compared):
     assert (root / 'out' / 'curves.png').stat().st_size > 0
 
 
-def test_reach_reports_when_each_seed_first_reached_a_groups_final_loss(compared):
+def test_reach_reports_when_each_seed_first_reached_a_groups_final_loss(compared, logs):
     root, args, _ = compared
     compare.main(args + ['--reach=shakespeare_add'])
-    finals = [[r for r in logged(root / 'out' / f'shakespeare_add-s{s}') if 'val_loss' in r][-1]['val_loss']
+    finals = [[r for r in logs.records(root / 'out' / f'shakespeare_add-s{s}') if 'val_loss' in r][-1]['val_loss']
               for s in (1337, 1)]
     target = statistics.mean(finals)
     text = (root / 'out' / 'results.md').read_text()
     assert f"reaches {target:.4f} at (per seed)" in text
     for label in ('shakespeare_add', 'shakespeare_rot'):
-        firsts = [next((r['iter'] for r in logged(root / 'out' / f'{label}-s{s}') if r.get('val_loss', 9) <= target),
+        firsts = [next((r['iter'] for r in logs.records(root / 'out' / f'{label}-s{s}') if r.get('val_loss', 9) <= target),
                        None) for s in (1337, 1)]
         row = next(line for line in text.splitlines() if line.startswith(f'| `{label}`'))
         assert f"| {', '.join('not reached' if f is None else str(f) for f in firsts)} |" in row
@@ -72,7 +67,7 @@ def test_reach_reports_when_each_seed_first_reached_a_groups_final_loss(compared
     assert f"reaches {target:.4f} at (per seed)" in (root / 'out' / 'results.md').read_text()
 
 
-def test_per_sets_a_key_for_one_configs_runs(tmp_path, char_data):
+def test_per_sets_a_key_for_one_configs_runs(tmp_path):
     runs = compare.plan(compare.parse_args([*CONFIGS, '--seeds=1', f'--out={tmp_path}', '--per',
                                             'shakespeare_rot:learning_rate=3e-3', '--set=dropout=0.0,0.1'])[0], [])
     rates = {r['group']: r['cfg'].learning_rate for r in runs}
@@ -138,16 +133,16 @@ def switched(compared):
     return root / 'switch', compare.main(args)
 
 
-def test_a_switch_continues_one_first_phase_once_per_value(switched):
+def test_a_switch_continues_one_first_phase_once_per_value(switched, logs):
     out, groups = switched
     assert list(groups) == ['shakespeare_add → residual=additive', 'shakespeare_add → residual=orthogonal']
     assert sorted(os.listdir(out)) == ['curves.png', 'results.md', 'shakespeare_add-first10-s1337',
                                        'shakespeare_add-then-residualadditive-s1337',
                                        'shakespeare_add-then-residualorthogonal-s1337']
-    first = logged(out / 'shakespeare_add-first10-s1337')
+    first = logs.records(out / 'shakespeare_add-first10-s1337')
     assert first[-1]['iter'] == 10 and 'val_loss' in first[-1]
     for value in ('additive', 'orthogonal'):
-        second = logged(out / f'shakespeare_add-then-residual{value}-s1337')
+        second = logs.records(out / f'shakespeare_add-then-residual{value}-s1337')
         assert second[:len(first)] == first, "the second phase's log starts with its first phase's"
         resume = second[len(first)]
         assert resume['event'] == 'resume' and resume['reset_optimizer'] is True
@@ -170,15 +165,15 @@ def test_a_resumed_second_phase_is_not_reset_again(switched, tmp_path):
     assert (tmp_path / 'ckpt.pt').read_bytes() == (out / first['name'] / 'ckpt.pt').read_bytes()
 
 
-def test_a_switch_without_reset_continues_the_run_exactly(compared):
+def test_a_switch_without_reset_continues_the_run_exactly(compared, logs):
     """App. C.3's protocol: the first phase stops inside the full run's schedule and the second
     resumes it, so switching to the same rule reproduces the uninterrupted run."""
     root, _, _ = compared
     out = root / 'continued'
     compare.main([CONFIGS[0], '--seeds=1', '--nproc=2', f'--out={out}', *TINY, f'--data_dir={root / "data"}',
                   '--switch', 'residual=additive', '--switch_at=10'])  # one thread per run, as in `compared`
-    whole = [r for r in logged(root / 'out' / 'shakespeare_add-s1337') if 'ms_per_iter' not in r]
-    parts = [r for r in logged(out / 'shakespeare_add-then-residualadditive-s1337')
+    whole = [r for r in logs.records(root / 'out' / 'shakespeare_add-s1337') if 'ms_per_iter' not in r]
+    parts = [r for r in logs.records(out / 'shakespeare_add-then-residualadditive-s1337')
              if 'ms_per_iter' not in r and 'event' not in r]
     assert parts == whole
     assert 'with its AdamW state' in (out / 'results.md').read_text()

@@ -105,7 +105,7 @@ def test_effective_rank():
     assert diagnostics.effective_rank(line) == pytest.approx(1, abs=1e-6)
 
 
-def test_dynamics_log_and_plots(run, logs, tmp_path, char_data):
+def test_dynamics_log_and_plots(run, logs, tmp_path):
     args = ['--max_iters=20', '--eval_interval=10', '--dropout=0.1', '--ortho_prob=0.5']
     plain = run(*args, config='shakespeare_ortho.py', out='plain')
     assert not (plain / 'dynamics.jsonl').exists()

@@ -106,8 +106,7 @@ def test_resume_is_exact_and_the_diagnostics_measure_it(run, logs, root, tmp_pat
     run('--max_iters=10', *args, config='shakespeare_ngpt.py', out='part')
     part = run('--max_iters=20', '--init_from=resume', *args, '--dynamics=True', '--dynamics_interval=5',
                config='shakespeare_ngpt.py', out='part')
-    losses = lambda d: [(r['iter'], r.get('loss'), r.get('val_loss')) for r in logs.records(d) if 'event' not in r]  # noqa: E731
-    assert losses(part) == losses(full) and logs.evals(full)[-1][1] < logs.evals(full)[0][1]
+    assert logs.losses(part) == logs.losses(full) and logs.evals(full)[-1][1] < logs.evals(full)[0][1]
     cfg = configure.load([f'{root}/config/shakespeare_ngpt.py'])
     assert (cfg.residual, cfg.weight_decay, cfg.warmup_iters) == ('ngpt', 0.0, 0)  # the paper's: neither
     assert (part / 'dynamics.jsonl').exists()
@@ -153,8 +152,7 @@ def test_muon_resumes_exactly_with_its_state_and_runs_under_ddp_and_float16(run,
     full = run('--max_iters=20', *args, out='full')
     run('--max_iters=10', *args, out='part')
     part = run('--max_iters=20', '--init_from=resume', *args, out='part')
-    losses = lambda d: [(r['iter'], r.get('loss'), r.get('val_loss')) for r in logs.records(d) if 'event' not in r]  # noqa: E731
-    assert losses(part) == losses(full)
+    assert logs.losses(part) == logs.losses(full)
     state = checkpoint.load(full / 'ckpt.pt')['optimizer']
     assert set(state) == {'adamw', 'muon'} and state['muon']['state']
     with pytest.raises(SystemExit, match="optimizer 'muon' -> 'adamw'.*--reset_optimizer=True"):

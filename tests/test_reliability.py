@@ -21,10 +21,6 @@ STOCHASTIC = ['--dropout=0.1', '--residual=orthogonal', '--ortho_prob=0.5', '--d
               '--lr_decay_iters=200', '--eval_interval=100']
 
 
-def losses(logs, out_dir):
-    return [(r['iter'], r.get('loss'), r.get('val_loss')) for r in logs.records(out_dir) if 'event' not in r]
-
-
 def test_sigint_then_resume_is_bit_exact(logs, run, root, tiny, tmp_path, char_data):
     """A real training process gets SIGINT, saves at the next step boundary and exits 0; the
     resumed run logs exactly the losses of an uninterrupted one (dropout and stochastic
@@ -48,7 +44,7 @@ def test_sigint_then_resume_is_bit_exact(logs, run, root, tiny, tmp_path, char_d
     k = int(stopped[0].split('iteration ')[1].split(';')[0])
     assert 30 <= k < 200 and checkpoint.load(out / 'ckpt.pt')['iter_num'] == k
     run('--max_iters=200', '--init_from=resume', *STOCHASTIC, out='part')
-    assert losses(logs, out) == losses(logs, full)
+    assert logs.losses(out) == logs.losses(full)
 
 
 def test_rng_state_round_trip_covers_numpy_and_python():
@@ -203,13 +199,13 @@ def test_sample_refuses_a_checkpoint_without_its_vocabulary(run):
     assert json.loads(torch.load(out / 'ckpt.pt', weights_only=True)['meta'])['vocab_size'] == 39
 
 
-def test_torchrun_processes_agree_on_an_interruption(root, tiny, tmp_path, char_data):
+def test_torchrun_processes_agree_on_an_interruption(root, tiny, tmp_path, char_data, torchrun):
     """Ctrl-C in a terminal signals torchrun and every worker; the two processes stop at the same
     iteration, rank 0 saves both processes' data streams, and torchrun can resume the run."""
     out = tmp_path / 'ddp'
-    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', 'train.py',
-           'config/shakespeare_add.py', *tiny, f'--data_dir={char_data}', f'--out_dir={out}', '--eval_interval=1000',
-           '--gradient_accumulation_steps=2', '--dropout=0.1']
+    args = ['config/shakespeare_add.py', *tiny, f'--data_dir={char_data}', f'--out_dir={out}', '--eval_interval=1000',
+            '--gradient_accumulation_steps=2', '--dropout=0.1']
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', 'train.py', *args]
     env = dict(os.environ, PYTHONUNBUFFERED='1')
     proc = subprocess.Popen(cmd + ['--max_iters=5000'], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=env, start_new_session=True)
@@ -229,7 +225,6 @@ def test_torchrun_processes_agree_on_an_interruption(root, tiny, tmp_path, char_
     a, b = saved['streams']
     assert torch.equal(a['weights'], b['weights']), "the replicas hold the same weights"
     assert not set(a['batch_starts']) & set(b['batch_starts']), "each process trains on its own windows"
-    done = subprocess.run(cmd + [f'--max_iters={k + 10}', '--init_from=resume'], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = torchrun(2, *args, f'--max_iters={k + 10}', '--init_from=resume', env=env, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f'done: {k + 10} iterations' in done.stdout
