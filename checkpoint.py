@@ -164,13 +164,16 @@ def load_language_model(out_dir, name=None, map_location='cpu'):
     return model.eval(), ckpt, cfg
 
 
-def load_weights(model, ckpt, path):
-    """The weights of the checkpoint `ckpt`, read from `path`, into model: from the file itself,
-    or from the ckpt-<iter>.dcp folder it names."""
+def load_weights(model, ckpt, path, optimizer=None):
+    """The weights of the checkpoint `ckpt`, read from `path`, into model (and, unless None, its
+    optimizer's state into optimizer): from the file itself, or from the ckpt-<iter>.dcp folder it
+    names."""
     if ckpt.get('sharded'):
-        load_sharded(model, None, os.path.join(os.path.dirname(path), ckpt['sharded']))
-    else:
-        model.load_state_dict(ckpt['model'])
+        load_sharded(model, optimizer, os.path.join(os.path.dirname(path), ckpt['sharded']))
+        return
+    model.load_state_dict(ckpt['model'])
+    if optimizer is not None:
+        optimizer.load_state_dict(ckpt['optimizer'])
 
 
 def save_sharded(model, optimizer, out_dir, iter_num, master):

@@ -201,19 +201,13 @@ class Run:
         if bool(ckpt.get('sharded')) != env.fsdp:
             fail(f"the checkpoint in {cfg.out_dir} was written with parallel={'fsdp' if ckpt.get('sharded') else 'ddp'!r}; "
                  f"resume it with that value (FSDP under torchrun)")
-        if env.fsdp:
-            checkpoint.load_sharded(self.raw_model, None if cfg.reset_optimizer else self.optimizer,
-                                    os.path.join(cfg.out_dir, ckpt['sharded']))
-        else:
-            self.raw_model.load_state_dict(ckpt['model'])
+        checkpoint.load_weights(self.raw_model, ckpt, os.path.join(cfg.out_dir, 'ckpt.pt'),
+                                None if cfg.reset_optimizer else self.optimizer)
         self.iter_num, self.best_val_loss = ckpt['iter_num'], ckpt['best_val_loss']
         self.last_eval = ckpt.get('last_eval', self.iter_num)  # an interrupted evaluation is run again
         self.schedule_start = self.iter_num if cfg.reset_optimizer else ckpt.get('schedule_start', 0)
-        if not cfg.reset_optimizer:
-            if not env.fsdp:
-                self.optimizer.load_state_dict(ckpt['optimizer'])
-            if ckpt['scaler']:
-                self.scaler.load_state_dict(ckpt['scaler'])
+        if not cfg.reset_optimizer and ckpt['scaler']:
+            self.scaler.load_state_dict(ckpt['scaler'])
         streams = ckpt['streams']
         if len(streams) == env.world:
             self.task.load_state_dict(streams[env.rank]['data'])
