@@ -5,7 +5,7 @@ Read top to bottom:
   2. orthogonal Q/K/V   QKV_MAPS: the Cayley and exp maps of O-ViT, as torch parametrizations
   3. configs            BlockConfig (what a Block needs), GPTConfig, ViTConfig
   4. Block              norm -> attention -> update, norm -> MLP -> update
-  5. Trunk, GPT, ViT    embeddings -> blocks -> head; cached decoding
+  5. Trunk, GPT, ViT    embeddings -> blocks -> head; cached decoding; GPT-2 weights in
 
 The papers, cited in docstrings by their short names:
   [Oh]   G. Oh, W. Cho, S. Kim, S. Choi, Y. Yu. "Revisiting Residual Connections: Orthogonal
@@ -16,8 +16,10 @@ The papers, cited in docstrings by their short names:
          Representation Learning on the Hypersphere". ICLR 2025. arXiv:2410.01131
 """
 
-import difflib
+import json
 import math
+import os
+import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import Literal
@@ -55,16 +57,27 @@ class ResidualUpdate(nn.Module):
 
     x is the residual stream and u the branch output (attention or MLP), both (..., d); cache is
     the DecodeCache of incremental decoding, needed only by a rule that mixes positions. A rule
-    declares what the model and the training loop do for it:
+    declares what the config, the model and the training loop do for it:
+      Options       a dataclass of the config keys the rule reads, each with its type, default and
+                    a comment (the config, --help and the resume checks take them from here)
+      check         refuses options that do not fit the rest of the config (ValueError)
       keeps_norm    True if it keeps ||x|| fixed: the model then drops its norms ([OT])
       normalized    True for the normalized Transformer's architecture ([nGPT] Sec. 2): a unit-
                     norm stream, normalised q and k scaled by s_qk under softmax scale sqrt(d_k),
                     a gated MLP scaled by s_u and s_v, logits scaled by s_z
-      from_config   builds the rule of block `layer`, reading its options from the config
+      from_config   builds the rule of block `layer` from the config (its options: cfg.options)
       after_step    runs after every optimizer step on the model (e.g. to renormalise weights)
     """
     keeps_norm = False
     normalized = False
+
+    @dataclass
+    class Options:
+        pass
+
+    @classmethod
+    def check(cls, cfg):
+        pass
 
     @classmethod
     def from_config(cls, cfg, layer, causal):
@@ -97,15 +110,37 @@ class OrthogonalUpdate(ResidualUpdate):
       expected update x + u - prob s x. ortho_layers ([Oh] Sec. 4.5) leaves other blocks additive.
     """
 
+    @dataclass
+    class Options:
+        ortho_mode: Literal['feature', 'global'] = 'feature'  # [Oh] Alg. 1 (one s per token) or Alg. 2 (per sample)
+        ortho_eps: float = 1e-6  # [Oh] Eq. 3, Sec. 4.6: the eps of s = <x, u> / (||x||^2 + eps)
+        ortho_prob: float = 1.0  # [Oh] Sec. 4.4: probability that a connection is orthogonal in training
+        ortho_layers: tuple[int, ...] | None = None  # [Oh] Sec. 4.5: the blocks that use it (indices); None: all
+
     def __init__(self, mode='feature', eps=1e-6, prob=1.0, causal=False):
         super().__init__()
         self.mode, self.eps, self.prob, self.causal = mode, eps, prob, causal
 
     @classmethod
+    def check(cls, cfg):
+        o = cfg.options
+        if o.ortho_mode not in ('feature', 'global'):
+            raise ValueError(f"ortho_mode={o.ortho_mode!r} is not one of 'feature' | 'global'")
+        if not o.ortho_eps >= 0:
+            raise ValueError(f"ortho_eps={o.ortho_eps} must not be negative")
+        if not 0.0 <= o.ortho_prob <= 1.0:
+            raise ValueError(f"ortho_prob={o.ortho_prob} must lie in [0, 1]")
+        bad = [i for i in o.ortho_layers or () if not 0 <= i < cfg.n_layer]
+        if bad:
+            raise ValueError(f"ortho_layers {bad} out of range for n_layer={cfg.n_layer} "
+                             f"(valid block indices: 0..{cfg.n_layer - 1})")
+
+    @classmethod
     def from_config(cls, cfg, layer, causal):
-        if cfg.ortho_prob == 0 or (cfg.ortho_layers is not None and layer not in cfg.ortho_layers):
+        o = cfg.options
+        if o.ortho_prob == 0 or (o.ortho_layers is not None and layer not in o.ortho_layers):
             return AdditiveUpdate()
-        return cls(cfg.ortho_mode, cfg.ortho_eps, cfg.ortho_prob, causal)
+        return cls(o.ortho_mode, o.ortho_eps, o.ortho_prob, causal)
 
     def scale(self, x, u, cache=None):
         """s, broadcastable against x: (B, T, 1), or (B, 1, 1) in non-causal global mode."""
@@ -191,13 +226,7 @@ class NormalizedUpdate(ResidualUpdate):
 
     @classmethod
     def after_step(cls, model):
-        dims = {}  # each weight once: a tied head is the embedding
-        for m in model.modules():  # orthogonal Q/K/V (parametrized) have unit rows already
-            if isinstance(m, nn.Embedding) or isinstance(m, nn.Linear) and not parametrize.is_parametrized(m):
-                dims.setdefault(m.weight, -1)
-            if isinstance(m, (SelfAttention, MLP)):  # outputs: unit columns, along the embedding
-                dims[m.c_proj.weight] = 0
-        for w, dim in dims.items():  # F.normalize's arithmetic, in place
+        for w, dim in model.stream_matrices():  # F.normalize's arithmetic, in place
             w.div_(torch.linalg.vector_norm(w, dim=dim, keepdim=True).clamp_min(1e-12))
 
     def forward(self, x, u, cache=None):
@@ -266,7 +295,7 @@ def batched_maps(model):
 def maps_held(model, grad=False):
     """Every orthogonal Q/K/V map computed once, in one batched call, and reused by every forward
     until exit: the weights must not change inside. With grad=True the values keep their graph,
-    for one backward (training.train_step holds them across micro-steps). Yields {map: value}."""
+    for one backward (a training step holds them across its micro-steps). Yields {map: value}."""
     with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
         values = batched_maps(model)
     for p, value in values.items():
@@ -280,17 +309,6 @@ def maps_held(model, grad=False):
 
 # ----------------------------------------------------------------------------- 3. configs
 
-# keys a run may change when it resumes: they choose the update rule or only the initial weights
-SWITCHABLE = {'residual', 'ortho_mode', 'ortho_eps', 'ortho_prob', 'ortho_layers', 'dropout', 'init',
-              'sigma_w', 'sigma_qk'}
-
-
-def closest(word, choices, cutoff=0.5):
-    """'; did you mean X?' for the choice nearest a mistyped word, or ''."""
-    match = difflib.get_close_matches(word, list(choices), n=1, cutoff=cutoff)
-    return f"; did you mean {match[0]!r}?" if match else ""
-
-
 def at_least_one(cfg, *keys):
     for key in keys:
         if getattr(cfg, key) < 1:
@@ -300,50 +318,52 @@ def at_least_one(cfg, *keys):
 @dataclass
 class BlockConfig:
     """Everything a Block needs; shared by every model built from Blocks."""
-    n_layer: int = 12
-    n_head: int = 12
-    n_embd: int = 768
-    dropout: float = 0.0
+    n_layer: int = 12  # transformer blocks
+    n_head: int = 12  # attention heads per block
+    n_embd: int = 768  # width of the residual stream
+    dropout: float = 0.0  # dropout on attention weights, branch outputs and embeddings
     bias: bool = False  # bias in Linear layers and LayerNorm
     norm: Literal['layernorm', 'rmsnorm'] = 'layernorm'  # pre-norm type (none with a norm-keeping rule)
-    activation: Literal['gelu', 'gelu_tanh', 'relu'] = 'gelu'  # gelu_tanh: GPT-2's approximation
+    activation: Literal['gelu', 'gelu_tanh', 'relu'] = 'gelu'  # the MLP's; gelu_tanh: GPT-2's approximation
     residual: str = field(default='additive', metadata={'choices': RESIDUALS})  # the update rule
-    ortho_mode: Literal['feature', 'global'] = 'feature'  # [Oh] Alg. 1 / Alg. 2
-    ortho_eps: float = 1e-6  # [Oh] Eq. 3, Sec. 4.6
-    ortho_prob: float = 1.0  # [Oh] Sec. 4.4: probability that a connection is orthogonal
-    ortho_layers: tuple[int, ...] | None = None  # [Oh] Sec. 4.5: block indices; None = all
-    qkv: str = field(default='dense', metadata={'choices': QKV_MAPS})  # [OViT] Sec. 3
-    init: Literal['gpt2', 'sigma'] = 'gpt2'  # 'sigma': [OT] "Experiments"
+    options: object = field(default_factory=dict)  # the rule's own keys: its Options, or a dict of them
+    qkv: str = field(default='dense', metadata={'choices': QKV_MAPS})  # [OViT] Sec. 3: Q/K/V weights dense or orthogonal
+    init: Literal['gpt2', 'sigma'] = 'gpt2'  # weight initialisation; 'sigma': [OT] "Experiments"
     sigma_w: float = 0.5  # 'sigma' init: std of V, out-proj and MLP weights is sigma_w/sqrt(d)
     sigma_qk: float = 1.0  # 'sigma' init: std of Q and K weights is sigma_qk/sqrt(d)
 
     def __post_init__(self):
         at_least_one(self, 'n_layer', 'n_head', 'n_embd')
-        for key in ('ortho_eps', 'sigma_w', 'sigma_qk'):
+        for key in ('sigma_w', 'sigma_qk'):
             if not getattr(self, key) >= 0:
                 raise ValueError(f"{key}={getattr(self, key)} must not be negative")
         for key, choices in ((f.name, f.metadata['choices']) for f in fields(self) if 'choices' in f.metadata):
             if getattr(self, key) not in choices:
-                raise ValueError(f"{key}={getattr(self, key)!r} is not one of {' | '.join(map(repr, choices))}"
-                                 + closest(str(getattr(self, key)), choices, cutoff=0.6))
+                raise ValueError(f"{key}={getattr(self, key)!r} is not one of {' | '.join(map(repr, choices))}")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; "
                              f"choose n_head among {[h for h in range(1, 17) if self.n_embd % h == 0]}")
-        if not 0.0 <= self.ortho_prob <= 1.0:
-            raise ValueError(f"ortho_prob={self.ortho_prob} must lie in [0, 1]")
-        bad = [i for i in self.ortho_layers or () if not 0 <= i < self.n_layer]
-        if bad:
-            raise ValueError(f"ortho_layers {bad} out of range for n_layer={self.n_layer} "
-                             f"(valid block indices: 0..{self.n_layer - 1})")
+        rule = RESIDUALS[self.residual]
+        if not isinstance(self.options, (dict, rule.Options)):  # another rule's: the keys this rule shares with it
+            names = {f.name for f in fields(rule.Options)}
+            self.options = {f.name: getattr(self.options, f.name) for f in fields(self.options) if f.name in names}
+        if isinstance(self.options, dict):
+            names = [f.name for f in fields(rule.Options)]
+            unknown = sorted(set(self.options) - set(names))
+            if unknown:
+                raise ValueError(f"{', '.join(unknown)}: not options of residual={self.residual!r} "
+                                 f"(its options: {', '.join(names) or 'none'})")
+            self.options = rule.Options(**self.options)
+        rule.check(self)
 
 
 @dataclass
 class ViTConfig(BlockConfig):
-    image_size: int = 32
-    patch_size: int = 4
-    channels: int = 3
-    n_classes: int = 10
-    label_smoothing: float = 0.0
+    image_size: int = 32  # height and width of the (square) images
+    patch_size: int = 4  # side of the square patches, each one token
+    channels: int = 3  # colour channels of the images
+    n_classes: int = 10  # classes of the head
+    label_smoothing: float = 0.0  # of the training cross-entropy
 
     def __post_init__(self):
         super().__post_init__()
@@ -356,8 +376,8 @@ class ViTConfig(BlockConfig):
 
 @dataclass
 class GPTConfig(BlockConfig):
-    block_size: int = 1024
-    vocab_size: int = 50304  # GPT-2's 50257 padded to a multiple of 64
+    block_size: int = 1024  # context length in tokens
+    vocab_size: int = 50304  # GPT-2's 50257 padded to a multiple of 64 (a dataset's own vocabulary replaces it)
     tie_weights: bool = True  # share wte and lm_head (GPT-2)
 
     def __post_init__(self):
@@ -377,9 +397,10 @@ def make_norm(cfg, keeps_norm):
 
 
 class SelfAttention(nn.Module):
-    """Multi-head self-attention; `causal` is set by the model that builds the Block."""
+    """Multi-head self-attention; `causal` is set by the model that builds the Block; with
+    `normalized`, q and k are normalised and scaled by s_qk ([nGPT] Sec. 2.3.2)."""
 
-    def __init__(self, cfg, causal):
+    def __init__(self, cfg, causal, normalized):
         super().__init__()
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
         if QKV_MAPS[cfg.qkv] is not None:
@@ -387,8 +408,7 @@ class SelfAttention(nn.Module):
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.resid_dropout = nn.Dropout(cfg.dropout)
         self.n_head, self.dropout, self.causal = cfg.n_head, cfg.dropout, causal
-        normalized = RESIDUALS[cfg.residual].normalized  # [nGPT] Sec. 2.3.2: s_qk, per head and dimension
-        self.s_qk = ScaleVector(cfg.n_embd, 1.0, 1 / math.sqrt(cfg.n_embd)) if normalized else None
+        self.s_qk = ScaleVector(cfg.n_embd, 1.0, 1 / math.sqrt(cfg.n_embd)) if normalized else None  # per head and dimension
 
     def forward(self, x, cache=None):
         B, T, C = x.shape
@@ -414,16 +434,15 @@ class SelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    """Linear -> activation -> Linear, 4x wide; for the normalized architecture [nGPT] Sec. 2.4.2's
-    gated form, SiLU(v s_v sqrt(d)) * u s_u, with u and v from one Linear twice as wide."""
+    """Linear -> activation -> Linear, 4x wide; with `normalized`, [nGPT] Sec. 2.4.2's gated form,
+    SiLU(v s_v sqrt(d)) * u s_u, with u and v from one Linear twice as wide."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, normalized):
         super().__init__()
-        gated = RESIDUALS[cfg.residual].normalized
-        self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd * (2 if gated else 1), bias=cfg.bias)
+        self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd * (2 if normalized else 1), bias=cfg.bias)
         approximate = 'tanh' if cfg.activation == 'gelu_tanh' else 'none'
-        self.act = nn.SiLU() if gated else nn.ReLU() if cfg.activation == 'relu' else nn.GELU(approximate=approximate)
-        self.s_uv = ScaleVector(8 * cfg.n_embd, 1.0, 1.0) if gated else None
+        self.act = nn.SiLU() if normalized else nn.ReLU() if cfg.activation == 'relu' else nn.GELU(approximate=approximate)
+        self.s_uv = ScaleVector(8 * cfg.n_embd, 1.0, 1.0) if normalized else None
         self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
 
@@ -445,16 +464,22 @@ class Block(nn.Module):
         super().__init__()
         rule = RESIDUALS[cfg.residual]
         self.ln_1 = make_norm(cfg, rule.keeps_norm)
-        self.attn = SelfAttention(cfg, causal)
+        self.attn = SelfAttention(cfg, causal, rule.normalized)
         self.update_attn = rule.from_config(cfg, layer, causal)
         self.ln_2 = make_norm(cfg, rule.keeps_norm)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg, rule.normalized)
         self.update_mlp = rule.from_config(cfg, layer, causal)
 
     def forward(self, x, cache=None):  # (B, T, C)
         x = self.update_attn(x, self.attn(self.ln_1(x), cache), cache=cache)
         x = self.update_mlp(x, self.mlp(self.ln_2(x)), cache=cache)
         return x
+
+    def stream_matrices(self):
+        """(weight, dim) of each matrix that reads the stream (dim -1) or writes into it (dim 0),
+        dim indexing the stream's features; an orthogonal Q/K/V map's raw W is not one."""
+        reads = [lin for lin in (self.attn.c_attn, self.mlp.c_fc) if not parametrize.is_parametrized(lin)]
+        return [(lin.weight, -1) for lin in reads] + [(self.attn.c_proj.weight, 0), (self.mlp.c_proj.weight, 0)]
 
     @torch.no_grad()
     def init_weights(self, cfg):
@@ -500,13 +525,13 @@ class Trunk:
 
     def build_trunk(self, config, causal, n_out):
         self.rule = RESIDUALS[config.residual]
-        keeps_norm = self.rule.keeps_norm
+        keeps_norm, normalized = self.rule.keeps_norm, self.rule.normalized
         # eps far below any embedding's mean square, so the norm is sqrt(d) to float32 rounding
-        self.ln_emb = (Sphere() if self.rule.normalized else
+        self.ln_emb = (Sphere() if normalized else
                        nn.RMSNorm(config.n_embd, eps=1e-30, elementwise_affine=False) if keeps_norm else nn.Identity())
         self.blocks = nn.ModuleList([Block(config, i, causal) for i in range(config.n_layer)])
         self.ln_f = make_norm(config, keeps_norm)
-        self.s_z = ScaleVector(n_out, 1.0, 1 / math.sqrt(config.n_embd)) if self.rule.normalized else None
+        self.s_z = ScaleVector(n_out, 1.0, 1 / math.sqrt(config.n_embd)) if normalized else None
 
     def scaled(self, logits):
         return logits if self.s_z is None else logits * self.s_z()
@@ -516,6 +541,15 @@ class Trunk:
         for block in self.blocks:
             x = block(x, cache)
         return self.ln_f(x)
+
+    def stream_matrices(self):
+        """(weight, dim) of every embedding, head and block matrix that reads the stream or writes
+        into it, dim the one indexing the stream's features; each weight once (a tied head is the
+        embedding)."""
+        found = {}
+        for w, dim in self.own_stream_matrices() + [m for b in self.blocks for m in b.stream_matrices()]:
+            found.setdefault(w, dim)
+        return list(found.items())
 
     @torch.no_grad()
     def after_step(self):
@@ -566,10 +600,13 @@ class GPT(Trunk, nn.Module):
     @classmethod
     def from_pretrained(cls, name_or_dir, **overrides):
         """A GPT with the weights of OpenAI's GPT-2 ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl',
-        from the Hugging Face hub) or of a Hugging Face folder: GPT-2's, or one export.py wrote.
-        overrides: config keys that keep the weights (dropout, residual, ...; see hf.py)."""
-        import hf
-        return hf.load_model(name_or_dir, **overrides)
+        from the Hugging Face hub) or of a Hugging Face folder: GPT-2's, or one that OrthoGPT's
+        export wrote. overrides: config keys that keep the weights (dropout, a rule that builds
+        the same parameters, a shorter block_size, ...); the others fail to load."""
+        keys, state = read_pretrained(name_or_dir)
+        model = cls(GPTConfig(**{**keys, **overrides}))
+        model.load_state_dict(dict(state, **{'wpe.weight': state['wpe.weight'][:model.config.block_size]}))
+        return model
 
     @torch.no_grad()
     def init_weights(self):
@@ -581,6 +618,9 @@ class GPT(Trunk, nn.Module):
         for block in self.blocks:
             block.init_weights(cfg)
         self.after_step()  # the state every optimizer step leaves: for nGPT, unit-norm weights
+
+    def own_stream_matrices(self):
+        return [(self.wte.weight, -1), (self.wpe.weight, -1), (self.lm_head.weight, -1)]
 
     def forward(self, idx, targets=None, cache=None):
         """idx (B, T) token ids -> logits (B, T, vocab), and the mean cross-entropy if targets
@@ -673,6 +713,9 @@ class ViT(Trunk, nn.Module):
             block.init_weights(cfg)
         self.after_step()
 
+    def own_stream_matrices(self):
+        return [(self.head.weight, -1)]  # the patch embedding, a convolution, is left as it is
+
     def forward(self, images, labels=None):
         """images (B, C, H, W) float -> logits (B, n_classes), and the cross-entropy if labels are
         given: class indices (B,) or class probabilities (B, n_classes), as mixup makes."""
@@ -683,3 +726,83 @@ class ViT(Trunk, nn.Module):
         if labels is not None:
             loss = F.cross_entropy(logits, labels, label_smoothing=self.config.label_smoothing)
         return logits, loss
+
+
+# ----------------------------------------------------------------------------- GPT-2 weights in
+
+GPT2_HUB = {name: f'openai-community/{name}' for name in ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl')}
+GPT2_ARCH = dict(norm='layernorm', bias=True, activation='gelu_tanh', tie_weights=True, qkv='dense')
+GPT2_ACTIVATIONS = {'gelu_new': 'gelu_tanh', 'gelu_pytorch_tanh': 'gelu_tanh', 'gelu': 'gelu', 'relu': 'relu'}
+GPT2_CONV1D = re.compile(r'blocks\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight')  # stored (in, out)
+
+
+def pretrained_folder(name_or_dir):
+    """The local folder of a checkpoint: the folder itself, or the hub's copy of a GPT-2 model."""
+    if os.path.isdir(name_or_dir):
+        return name_or_dir
+    if name_or_dir not in GPT2_HUB:
+        raise ValueError(f"{name_or_dir!r} is neither a GPT-2 name ({', '.join(GPT2_HUB)}) nor a folder")
+    from huggingface_hub import hf_hub_download
+    repo = GPT2_HUB[name_or_dir]
+    try:
+        return os.path.dirname([hf_hub_download(repo, f) for f in ('config.json', 'model.safetensors')][0])
+    except Exception as e:
+        raise OSError(f"could not fetch {name_or_dir} from the Hugging Face hub ({type(e).__name__}: {str(e)[:200]}); "
+                      f"offline, put {repo}'s config.json and model.safetensors in a folder and pass the folder") from e
+
+
+def read_pretrained(name_or_dir):
+    """(GPTConfig keys, state dict in our names and orientation) of a Hugging Face folder in GPT-2's
+    layout (model_type 'gpt2', as OpenAI's checkpoints) or OrthoGPT's ('orthogpt': our GPTConfig
+    and state dict as they are), or of a GPT-2 name on the hub."""
+    from safetensors.torch import load_file
+    folder = pretrained_folder(name_or_dir)
+    missing = [f for f in ('config.json', 'model.safetensors') if not os.path.isfile(os.path.join(folder, f))]
+    if missing:
+        raise ValueError(f"{folder} holds no {' and no '.join(missing)}: a Hugging Face folder holds config.json "
+                         f"and model.safetensors")
+    with open(os.path.join(folder, 'config.json')) as f:
+        hf = json.load(f)
+    tensors = load_file(os.path.join(folder, 'model.safetensors'))
+    if hf.get('model_type') == 'orthogpt':  # JSON's lists are the config's tuples
+        keys = {k: tuple(v) if isinstance(v, list) else v for k, v in hf['config'].items()}
+        keys['options'] = {k: tuple(v) if isinstance(v, list) else v for k, v in keys.get('options', {}).items()}
+    elif hf.get('model_type') == 'gpt2':
+        keys, tensors = gpt2_keys(hf, folder), gpt2_state(tensors)
+    else:
+        raise ValueError(f"{folder}: model_type {hf.get('model_type')!r}; GPT-2's ('gpt2') and OrthoGPT's "
+                         f"('orthogpt') are read")
+    if keys['tie_weights']:
+        tensors['lm_head.weight'] = tensors['wte.weight']
+    return keys, tensors
+
+
+def gpt2_keys(hf, folder):
+    """GPTConfig keys for a GPT-2 config.json; what this GPT cannot compute is refused."""
+    d = hf['n_embd']
+    unsupported = [k for k, ok in (
+        ('activation_function', hf.get('activation_function', 'gelu_new') in GPT2_ACTIVATIONS),
+        ('layer_norm_epsilon', hf.get('layer_norm_epsilon', 1e-5) == 1e-5),
+        ('n_inner', hf.get('n_inner') in (None, 4 * d)),
+        ('scale_attn_weights', hf.get('scale_attn_weights', True)),
+        ('scale_attn_by_inverse_layer_idx', not hf.get('scale_attn_by_inverse_layer_idx')),
+        ('reorder_and_upcast_attn', not hf.get('reorder_and_upcast_attn'))) if not ok]
+    if unsupported:
+        raise ValueError(f"{folder}: GPT-2 settings this GPT does not compute: "
+                         + ', '.join(f"{k}={hf.get(k)!r}" for k in unsupported))
+    return dict(GPT2_ARCH, n_layer=hf['n_layer'], n_head=hf['n_head'], n_embd=d, vocab_size=hf['vocab_size'],
+                block_size=hf['n_positions'], activation=GPT2_ACTIVATIONS[hf.get('activation_function', 'gelu_new')],
+                tie_weights=hf.get('tie_word_embeddings', True))
+
+
+def gpt2_state(tensors):
+    """GPT-2's tensors in our names: h.N -> blocks.N, Conv1D weights transposed, the causal-mask
+    buffers dropped."""
+    state = {}
+    for name, t in tensors.items():
+        name = re.sub(r'^h\.', 'blocks.', name.removeprefix('transformer.'))
+        if re.fullmatch(r'blocks\.\d+\.attn\.(masked_)?bias', name):
+            continue
+        state[name] = t.t().contiguous() if GPT2_CONV1D.fullmatch(name) else t
+    return state
+

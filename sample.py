@@ -13,12 +13,12 @@ off for long or many samples.
 """
 
 import argparse
-import sys
 
 import torch
 
-import checkpoint
-from training import resolve_device
+from orthogpt import checkpoint, errors
+from orthogpt.device import resolve_device
+from orthogpt.errors import UserError
 
 
 def make_codec(meta):
@@ -32,12 +32,13 @@ def make_codec(meta):
     def encode(s):
         unknown = sorted(set(s) - set(stoi))
         if unknown:
-            raise ValueError(f"the prompt has characters outside the model's vocabulary: "
+            raise UserError(f"the prompt has characters outside the model's vocabulary: "
                              f"{', '.join(repr(c) for c in unknown)}; the model knows {''.join(itos)!r}")
         return [stoi[c] for c in s]
     return encode, lambda ids: ''.join(itos[i] for i in ids)
 
 
+@errors.entry
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--out_dir', default='out', help='folder with the checkpoint')
@@ -54,20 +55,17 @@ def main(argv=None):
     p.add_argument('--device', default='auto', help="'auto', 'cpu', 'cuda', 'cuda:N'")
     args = p.parse_args(argv)
     if args.temperature <= 0:
-        sys.exit(f"error: --temperature={args.temperature} must be positive (small values approach greedy decoding)")
+        raise UserError(f"--temperature={args.temperature} must be positive (small values approach greedy decoding)")
     if args.top_k is not None and args.top_k < 1:
-        sys.exit(f"error: --top_k={args.top_k} must be at least 1")
+        raise UserError(f"--top_k={args.top_k} must be at least 1")
 
     device = resolve_device(args.device)
-    try:
-        model, ckpt, cfg = checkpoint.load_language_model(args.out_dir, args.ckpt)
-    except checkpoint.CheckpointError as e:
-        sys.exit(f"error: {e}")
+    model, ckpt, cfg = checkpoint.load_language_model(args.out_dir, args.ckpt)
     model.to(device)
     try:
         model.window_shift(args.shift)
     except ValueError as e:
-        sys.exit(f"error: --{e}")
+        raise UserError(f"--{e}") from None
 
     prompt = args.start
     if prompt.startswith('FILE:'):
@@ -75,21 +73,18 @@ def main(argv=None):
             with open(prompt[5:], encoding='utf-8') as f:
                 prompt = f.read()
         except OSError as e:
-            sys.exit(f"error: cannot read the prompt file {prompt[5:]}: {e.strerror}")
+            raise UserError(f"cannot read the prompt file {prompt[5:]}: {e.strerror}") from None
     if not prompt:
-        sys.exit("error: the prompt is empty; pass --start=TEXT")
-    meta = ckpt.get('meta')
+        raise UserError("the prompt is empty; pass --start=TEXT")
+    meta = ckpt['meta']
     if meta is None and cfg.vocab_size < 50257:
-        sys.exit(f"error: the checkpoint's vocabulary of {cfg.vocab_size} tokens is not GPT-2's, and it holds no "
+        raise UserError(f"the checkpoint's vocabulary of {cfg.vocab_size} tokens is not GPT-2's, and it holds no "
                  f"character table to decode with; sample from a checkpoint written by train.py on that data")
     if meta is not None and meta['vocab_size'] != cfg.vocab_size:
-        sys.exit(f"error: the checkpoint's model has {cfg.vocab_size} tokens but its vocabulary "
+        raise UserError(f"the checkpoint's model has {cfg.vocab_size} tokens but its vocabulary "
                  f"{meta['vocab_size']}: it was not written by train.py")
     encode, decode = make_codec(meta)
-    try:
-        ids = encode(prompt)
-    except ValueError as e:
-        sys.exit(f"error: {e}")
+    ids = encode(prompt)
     x = torch.tensor(ids, dtype=torch.long, device=device)[None]
     generator = torch.Generator(device=device).manual_seed(args.seed)
     bf16 = device.startswith('cuda') and torch.cuda.is_bf16_supported()

@@ -1,5 +1,5 @@
-# A small ViT for Fashion-MNIST that trains on a 2-core CPU in under 10 minutes (patch 4 on 28 x 28:
-# 7 x 7 patches + [CLS]; 4 layers x 64). vit_fashion_{add,ortho,rot,cayley}.py import this and pick the update rule.
+# A small ViT for Fashion-MNIST, sized for a CPU (patch 4 on 28 x 28: 7 x 7 patches + [CLS]; 4 layers x 64).
+# vit_fashion_{add,ortho,rot,cayley,exp}.py import this and pick the update rule.
 #   apt-get install dataset-fashion-mnist     # or --image_dir=DIR, or Hugging Face access
 #   python train.py config/vit_fashion_add.py
 dataset = 'fashion_mnist'

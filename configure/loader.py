@@ -1,8 +1,10 @@
 """Load config files and --key=value overrides into a validated Config."""
 
 import difflib
+import inspect
 import math
 import os
+import re
 import runpy
 import sys
 import traceback
@@ -11,15 +13,27 @@ import typing
 from dataclasses import MISSING, asdict, fields
 
 from configure.schema import Config
-from model import GPTConfig, closest
+from model import RESIDUALS
+from orthogpt.errors import UserError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HINTS = typing.get_type_hints(Config)
-CHOICES = {f.name: f.metadata['choices'] for f in fields(Config) if 'choices' in f.metadata}  # registries: for usage()
+HINTS = {k: v for k, v in typing.get_type_hints(Config).items() if k != 'options'}
+CHOICES = {f.name: f.metadata['choices'] for f in fields(Config) if 'choices' in f.metadata}  # registries
 
 
-class ConfigError(ValueError):
-    pass
+def closest(word, choices, cutoff=0.5):
+    """'; did you mean X?' for the choice nearest a mistyped word, or ''."""
+    match = difflib.get_close_matches(word, list(choices), n=1, cutoff=cutoff)
+    return f"; did you mean {match[0]!r}?" if match else ""
+
+
+def option_hints():
+    """{key: type} of every option of every registered residual rule (a rule's Options)."""
+    hints = {}
+    for rule in RESIDUALS.values():
+        for key, hint in typing.get_type_hints(rule.Options).items():
+            hints.setdefault(key, hint)
+    return hints
 
 
 def type_name(hint, key=None):
@@ -44,27 +58,30 @@ def coerce(key, value, hint):
         for arg in (a for a in args if a is not type(None)):
             try:
                 return coerce(key, value, arg)
-            except ConfigError as e:
+            except UserError as e:
                 errors.append(e)
         raise errors[0]
     if origin is typing.Literal:
         if value in args:
             return value
-        raise ConfigError(f"{key}={value!r} is not one of {type_name(hint)}{closest(str(value), map(str, args))}")
+        raise UserError(f"{key}={value!r} is not one of {type_name(hint)}{closest(str(value), map(str, args))}")
+    if key in CHOICES and isinstance(value, str) and value not in CHOICES[key]:
+        raise UserError(f"{key}={value!r} is not one of {type_name(hint, key)}"
+                        f"{closest(value, CHOICES[key], cutoff=0.6)}")
     if origin is tuple:
         if isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
             return tuple(value)
     elif hint is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             if not math.isfinite(value):
-                raise ConfigError(f"{key}={value} must be a finite number")
+                raise UserError(f"{key}={value} must be a finite number")
             return float(value)
     elif hint is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
     elif isinstance(value, hint):
         return value
-    raise ConfigError(f"{key} expects {type_name(hint)}, got {type(value).__name__} {value!r}")
+    raise UserError(f"{key} expects {type_name(hint, key)}, got {type(value).__name__} {value!r}")
 
 
 def parse(key, text, hint):
@@ -86,19 +103,22 @@ def parse(key, text, hint):
         if origin is tuple:
             items = text.strip('()[] ').replace(',', ' ').split()
             return tuple(int(t) for t in items)
-    except ConfigError:
+    except UserError:
         raise
     except ValueError:
-        raise ConfigError(f"--{key}={text}: {key} expects {type_name(hint)}") from None
+        raise UserError(f"--{key}={text}: {key} expects {type_name(hint)}") from None
     if len(text) >= 2 and text[0] == text[-1] and text[0] in '\'"':
         text = text[1:-1]
     return coerce(key, text, hint)
 
 
-def check_key(key, where):
-    if key not in HINTS:
-        raise ConfigError(f"unknown config key {key!r} in {where}{closest(key, HINTS)}"
-                          f" (all keys: python train.py --help)")
+def hint_of(key, where):
+    """The type of a config key or of a registered rule's option; an unknown key is refused."""
+    options = option_hints()
+    if key in HINTS or key in options:
+        return HINTS.get(key) or options[key]
+    raise UserError(f"unknown config key {key!r} in {where}{closest(key, [*HINTS, *options])}"
+                    f" (all keys: python train.py --help)")
 
 
 def config_files(path):
@@ -117,77 +137,108 @@ def config_files(path):
 def run_file(path, values):
     """Run a config file with the current values as globals; return the keys it set."""
     if not os.path.isfile(path):
-        raise ConfigError(f"config file {path!r} not found; {config_files(path)}")
+        raise UserError(f"config file {path!r} not found; {config_files(path)}")
     if ROOT not in sys.path:  # lets config files import shared settings: from config.x import *
         sys.path.insert(0, ROOT)
     try:
         result = runpy.run_path(path, init_globals=dict(values))
     except SyntaxError as e:
-        raise ConfigError(f"{path}:{e.lineno}: syntax error: {e.msg}\n    {(e.text or '').strip()}") from None
+        raise UserError(f"{path}:{e.lineno}: syntax error: {e.msg}\n    {(e.text or '').strip()}") from None
     except Exception as e:
         frames = [f for f in traceback.extract_tb(e.__traceback__)
                   if os.path.abspath(f.filename) == os.path.abspath(path)]
         line = f":{frames[-1].lineno}" if frames else ""
-        raise ConfigError(f"{path}{line}: {type(e).__name__}: {e}") from None
+        raise UserError(f"{path}{line}: {type(e).__name__}: {e}") from None
     updates = {}
     for key, value in result.items():
         if key.startswith('_') or isinstance(value, types.ModuleType) or callable(value):
             continue
-        check_key(key, path)
         if key not in values or value is not values[key]:
             try:
-                updates[key] = coerce(key, value, HINTS[key])
-            except ConfigError as e:
-                raise ConfigError(f"{path}: {e}") from None
+                updates[key] = coerce(key, value, hint_of(key, path))
+            except UserError as e:
+                raise UserError(f"{path}: {e}") from None
     return updates
 
 
 def build(values):
+    """A Config from flat values: a rule's options go into `options`, those of the chosen rule
+    kept (the others' were checked for their types and are not the run's)."""
+    values = dict(values)
+    rule = RESIDUALS.get(values['residual'])
+    declared = {f.name for f in fields(rule.Options)} if rule else set()
+    values['options'] = {k: values.pop(k) for k in list(values) if k not in HINTS and k in declared}
+    values = {k: v for k, v in values.items() if k in HINTS or k == 'options'}
     try:
         return Config(**values)
     except ValueError as e:
-        raise ConfigError(str(e)) from None
+        raise UserError(str(e)) from None
 
 
 def load(argv, base=None, given=None):
     """Config from a list of config-file paths and --key=value overrides, applied left to right
     to the defaults (or to the Config `base`). A set passed as `given` receives the keys that a
-    file or an override set, at whatever value."""
-    values = asdict(base) if base is not None else {f.name: f.default for f in fields(Config) if f.default is not MISSING}
+    file or an override set, at whatever value ('options' too, when a rule option was set)."""
+    values = flat(base) if base is not None else {f.name: f.default for f in fields(Config)
+                                                    if f.default is not MISSING}
     given = set() if given is None else given
     for arg in argv:
         if arg.startswith('--'):
             key, eq, text = arg[2:].partition('=')
             if not eq:
-                raise ConfigError(f"override {arg!r} has no value; write --{key}=VALUE")
-            check_key(key, f"override {arg!r}")
-            values[key] = parse(key, text, HINTS[key])
+                raise UserError(f"override {arg!r} has no value; write --{key}=VALUE")
+            values[key] = parse(key, text, hint_of(key, f"override {arg!r}"))
             given.add(key)
         elif '=' in arg and not os.path.exists(arg):
-            raise ConfigError(f"{arg!r} is neither a config file nor an override; did you mean --{arg}?")
+            raise UserError(f"{arg!r} is neither a config file nor an override; did you mean --{arg}?")
         else:
             updates = run_file(arg, values)
             values.update(updates)
             given.update(updates)
+    if given & set(option_hints()):
+        given.add('options')
     return build(values)
+
+
+def flat(cfg):
+    """A Config's values with its rule's options as keys of their own."""
+    values = asdict(cfg)
+    values.update(values.pop('options'))
+    return values
 
 
 def from_dict(data):
     """Config from plain data (a checkpoint's JSON), checked like a config file."""
     values = {}
-    for key, value in data.items():
-        check_key(key, 'saved config')
-        values[key] = coerce(key, value, HINTS[key])
+    for key, value in {**data, **data.get('options', {})}.items():
+        if key != 'options':
+            values[key] = coerce(key, value, hint_of(key, 'saved config'))
     return build(values)
 
 
-def model_config(cfg, cls=GPTConfig):
-    """The GPTConfig (or ViTConfig) part of a Config."""
-    return cls(**{f.name: getattr(cfg, f.name) for f in fields(cls)})
+def comments(cls):
+    """{field: its trailing comment} of a dataclass and its bases, from their source."""
+    found = {}
+    for klass in reversed(cls.__mro__):
+        try:
+            source = inspect.getsource(klass)
+        except (OSError, TypeError):
+            continue
+        found.update(re.findall(r'^\s+(\w+): [^\n]*?  # ([^\n]*)$', source, re.M))
+    return found
 
 
 def usage():
-    lines = ["usage: python train.py [CONFIG_FILE ...] [--key=value ...]", "", "keys (default):"]
-    defaults = asdict(Config())
-    lines += [f"  {k:<28} {type_name(h, k):<40} {defaults[k]!r}" for k, h in HINTS.items()]
+    """Every key as key=default, its comment and its type: the config's, then each rule's options."""
+    def line(key, default, hint, note):
+        return f"  {f'{key}={default!r}':<36} {note} [{type_name(hint, key)}]"
+    notes = comments(Config)
+    lines = ["usage: python train.py [CONFIG_FILE ...] [--key=value ...]", "", "keys (=default):"]
+    lines += [line(f.name, f.default if f.default is not MISSING else f.default_factory(), HINTS[f.name],
+                   notes.get(f.name, '')) for f in fields(Config) if f.name in HINTS]
+    for name, rule in RESIDUALS.items():
+        hints, notes = typing.get_type_hints(rule.Options), comments(rule.Options)
+        if hints:
+            lines += ["", f"options of residual={name!r}:"]
+            lines += [line(f.name, f.default, hints[f.name], notes.get(f.name, '')) for f in fields(rule.Options)]
     return '\n'.join(lines)

@@ -1,36 +1,47 @@
-"""Every key a config file or a --key=value override may set, with its type and default.
+"""Every key a config file or a --key=value override may set, with its type, default and a comment
+(which `python train.py --help` prints).
 
-Model keys are inherited from model.GPTConfig and model.ViTConfig; the keys below drive train.py.
+The model's keys are model.GPTConfig's and model.ViTConfig's, and `model` says which of the two
+the run builds; a residual rule's own keys are declared by the rule (its Options in model.py)
+and gathered in `options`. The keys below drive train.py.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Literal
 
-from model import GPTConfig, ViTConfig, at_least_one
+from model import GPT, ViT, GPTConfig, ViTConfig, at_least_one
+
+# the image datasets `dataset` may name: their Hugging Face source (and Debian's IDX files), classes
+IMAGE_DATASETS = {
+    'cifar10': dict(hub='uoft-cs/cifar10', image='img', label='label', splits=('train', 'test'), classes=10),
+    'cifar100': dict(hub='uoft-cs/cifar100', image='img', label='fine_label', splits=('train', 'test'), classes=100),
+    'fashion_mnist': dict(hub='zalando-datasets/fashion_mnist', image='image', label='label',
+                          splits=('train', 'test'), classes=10, idx_dir='/usr/share/datasets/fashion-mnist',
+                          idx={'train': 'train', 'test': 't10k'}),
+}
 
 
 @dataclass
 class Config(GPTConfig, ViTConfig):
+    model: Literal['gpt', 'vit'] | None = None  # what to train; None: 'vit' for an image dataset, else 'gpt'
     # output, evaluation, logging
-    out_dir: str = 'out'
-    # 'resume': continue from out_dir's checkpoint; pretrained weights: 'gpt2', 'gpt2-medium', 'gpt2-large',
-    # 'gpt2-xl' (from the Hugging Face hub) or a folder with config.json and model.safetensors (hf.py)
-    init_from: str = 'scratch'
-    reset_optimizer: bool = False  # on resume: fresh AdamW state and a schedule restarted there
+    out_dir: str = 'out'  # the run's folder: checkpoints, log.jsonl, config.json
+    init_from: str = 'scratch'  # 'scratch', 'resume', or pretrained weights: a GPT-2 name or a Hugging Face folder
+    reset_optimizer: bool = False  # on resume: a fresh optimizer state and a schedule restarted there
     keep_last_n: int = 2  # also keep the last n checkpoints as ckpt-<iter>.pt (0: none)
     eval_interval: int = 250  # iterations between evaluations (and checkpoints)
-    eval_iters: int = 200  # batches per split per evaluation
+    eval_iters: int = 200  # batches per split per evaluation (a ViT evaluates its whole test split)
     eval_only: bool = False  # evaluate once and exit
     log_interval: int = 10  # iterations between log lines
-    dynamics: bool = False  # log per-block stream statistics to out_dir/dynamics.jsonl (plot_dynamics.py)
+    dynamics: bool = False  # log per-block stream statistics to out_dir/dynamics.jsonl (tools/plot_dynamics.py)
     dynamics_interval: int = 100  # iterations between those measurements (one extra forward each)
-    wandb_log: bool = False  # offline mode when no WANDB_API_KEY is set
-    wandb_project: str = 'orthogpt'
-    wandb_run_name: str | None = None
+    wandb_log: bool = False  # mirror the log to Weights & Biases (offline mode when no API key is set)
+    wandb_project: str = 'orthogpt'  # the W&B project
+    wandb_run_name: str | None = None  # the W&B run's name (default: W&B's)
     # data
-    dataset: str = 'shakespeare_char'
-    data_dir: str | None = None  # default: data/<dataset>
-    # image datasets (cifar10, cifar100, fashion_mnist): augmentation on the device, per batch
+    dataset: str = 'shakespeare_char'  # a prepared dataset under data/, or an image dataset: cifar10, cifar100, fashion_mnist
+    data_dir: str | None = None  # the dataset's folder (default: data/<dataset>)
+    # image datasets: augmentation on the device, per batch
     image_dir: str | None = None  # fashion_mnist: a folder of IDX .gz files (default: Debian's)
     crop_padding: int = 0  # random crop after zero-padding by this many pixels (0: none)
     hflip: bool = False  # random horizontal flips (not for digit-like data)
@@ -39,34 +50,36 @@ class Config(GPTConfig, ViTConfig):
     mix_prob: float = 1.0  # probability that a batch is mixed at all
     mix_switch_prob: float = 0.5  # with both alphas set: probability of cutmix rather than mixup
     erase_prob: float = 0.0  # random erasing, per image
-    batch_size: int = 12  # sequences per micro-step, per process
-    gradient_accumulation_steps: int = 1  # micro-steps per optimizer step summed over all processes
-    # AdamW and learning-rate schedule (linear warmup, cosine decay to min_lr)
-    learning_rate: float = 6e-4
-    max_iters: int = 5000
-    weight_decay: float = 0.1  # on matrices and embeddings only
-    beta1: float = 0.9
-    beta2: float = 0.95
+    batch_size: int = 12  # sequences (or images) per micro-step, per process
+    gradient_accumulation_steps: int = 1  # micro-steps per optimizer step, summed over all processes
+    # optimizer and learning-rate schedule (linear warmup, cosine decay to min_lr)
+    learning_rate: float = 6e-4  # AdamW's peak learning rate
+    max_iters: int = 5000  # optimizer steps of the run
+    weight_decay: float = 0.1  # AdamW's decoupled weight decay, on matrices and embeddings only
+    beta1: float = 0.9  # AdamW's beta1
+    beta2: float = 0.95  # AdamW's beta2
     optimizer: Literal['adamw', 'muon'] = 'adamw'  # 'muon': torch.optim.Muon for the blocks' matrices, AdamW for the rest
-    muon_lr: float = 0.02  # Muon's learning rate, scheduled as learning_rate is
-    muon_momentum: float = 0.95
+    muon_lr: float = 0.02  # Muon's peak learning rate, scheduled as learning_rate is
+    muon_momentum: float = 0.95  # Muon's momentum
     grad_clip: float = 1.0  # max global gradient norm; 0 disables
-    decay_lr: bool = True
-    warmup_iters: int = 100
-    lr_decay_iters: int | None = None  # default: max_iters
-    min_lr: float | None = None  # default: learning_rate / 10
+    decay_lr: bool = True  # warmup and cosine decay; False: a constant learning rate
+    warmup_iters: int = 100  # iterations of linear warmup
+    lr_decay_iters: int | None = None  # where the cosine reaches min_lr (default: max_iters)
+    min_lr: float | None = None  # the cosine's floor (default: learning_rate / 10)
     # system
     device: str = 'auto'  # 'auto' (cuda when available), 'cpu', 'cuda', 'cuda:N', 'mps'
     parallel: Literal['ddp', 'fsdp'] = 'ddp'  # under torchrun: a replica per process, or FSDP2's sharded parameters
     dtype: Literal['auto', 'float32', 'bfloat16', 'float16'] = 'auto'  # auto: bf16/fp16 on CUDA, fp32 elsewhere
     compile: bool | None = None  # torch.compile; default: on for CUDA only
-    seed: int = 1337
+    seed: int = 1337  # seeds the weights, the data order and every random draw
     deterministic: bool = False  # torch.use_deterministic_algorithms (bit-exact reruns on one GPU)
     nan_policy: Literal['stop', 'skip'] = 'stop'  # on a non-finite loss/gradient: stop, or skip the step
     nan_max_skips: int = 10  # 'skip': stop after this many consecutive skipped steps
 
-    def __post_init__(self):
-        super().__post_init__()
+    def __post_init__(self):  # the model's own checks run in model_config, for the model it builds
+        if self.model is None:
+            self.model = 'vit' if self.dataset in IMAGE_DATASETS else 'gpt'
+        self.options = model_config(self).options
         at_least_one(self, 'batch_size', 'gradient_accumulation_steps', 'eval_interval', 'eval_iters', 'log_interval',
                      'dynamics_interval')
         for key in ('max_iters', 'warmup_iters', 'learning_rate', 'muon_lr', 'weight_decay', 'grad_clip', 'dropout',
@@ -86,3 +99,17 @@ class Config(GPTConfig, ViTConfig):
                              f"group's rate by its fraction of it")
         if self.min_lr is not None and self.min_lr > self.learning_rate:
             raise ValueError(f"min_lr={self.min_lr} exceeds learning_rate={self.learning_rate}")
+
+
+MODELS = {'gpt': (GPT, GPTConfig), 'vit': (ViT, ViTConfig)}  # the config value `model` -> its classes
+
+
+def model_config(cfg):
+    """The GPTConfig or ViTConfig part of a Config, as its `model` key says (checked by its class)."""
+    cls = MODELS[cfg.model][1]
+    return cls(**{f.name: getattr(cfg, f.name) for f in fields(cls)})
+
+
+def build_model(cfg):
+    """The GPT or ViT a Config describes, initialised."""
+    return MODELS[cfg.model][0](model_config(cfg))

@@ -9,7 +9,7 @@
 Writes data/<name>/val_000000.bin (the first --val_tokens tokens: 10M for hub datasets, about
 5% of local files) and train_000000.bin,
 train_000001.bin, ... (--shard_size tokens each, the last shorter) in llm.c's shard format
-(data/shards.py), and info.json. Every document is encoded with tiktoken's GPT-2
+(orthogpt/shards.py), and info.json. Every document is encoded with tiktoken's GPT-2
 encode_ordinary and preceded by <|endoftext|>, in --num_proc processes. Hub datasets are
 streamed (nothing needs the whole corpus in memory or on disk first); local files go through
 the same datasets path (.txt files are one document each). A shard is written to a temporary
@@ -26,10 +26,11 @@ import sys
 import time
 
 import numpy as np
-from tqdm import tqdm
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from data import shards  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
+from orthogpt import errors, progress, shards  # noqa: E402
+from orthogpt.errors import UserError  # noqa: E402
+from orthogpt.files import write_text  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # name -> load_dataset arguments and what to expect
@@ -58,10 +59,10 @@ def documents(args):
     if args.files:
         paths = sorted(glob.glob(args.files, recursive=True))
         if not paths:
-            raise SystemExit(f"error: --files {args.files!r} matches no file")
+            raise UserError(f"--files {args.files!r} matches no file")
         kinds = {BUILDERS.get(os.path.splitext(p)[1]) for p in paths}
         if None in kinds or len(kinds) > 1:
-            raise SystemExit(f"error: --files must match one kind of file among {', '.join(BUILDERS)}; got "
+            raise UserError(f"--files must match one kind of file among {', '.join(BUILDERS)}; got "
                              f"{sorted({os.path.splitext(p)[1] for p in paths})}")
         kind = kinds.pop()
         extra = {'sample_by': 'document'} if kind == 'text' else {}
@@ -143,8 +144,8 @@ def tokenize(texts, writer, num_proc, total):
     # spawn, not fork: forking this process, whose torch / Arrow / tokenizer threads may hold a
     # lock at that moment, can leave a worker waiting on it forever
     with mp.get_context('spawn').Pool(num_proc) as pool, \
-            tqdm(pool.imap(encode, texts, chunksize=16), desc='tokenizing', unit='doc', initial=state['docs'],
-                 total=total, delay=2, mininterval=1 if sys.stderr.isatty() else 30, dynamic_ncols=True) as bar:
+            progress.bar(pool.imap(encode, texts, chunksize=16), 'tokenizing', total=total, unit='doc',
+                         initial=state['docs']) as bar:
         for i, tokens in enumerate(bar):
             if i == 0 and skip:  # the document that straddled the last finished shard
                 tokens = tokens[skip:]
@@ -156,12 +157,10 @@ def tokenize(texts, writer, num_proc, total):
 
 
 def save_json(path, data):
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, 'w') as f:
-        json.dump(data, f, indent=1)
-    os.replace(tmp, path)
+    write_text(path, json.dumps(data, indent=1))
 
 
+@errors.entry
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group(required=True)
@@ -183,10 +182,10 @@ def main(argv=None):
         local = sum(os.path.getsize(f) for f in glob.glob(args.files, recursive=True)) if args.files else 0
         args.val_tokens = max(1000, local // 4 // 20) if args.files else 10 ** 7
     if args.shard_size < 1 or args.val_tokens < 1:
-        raise SystemExit("error: --shard_size and --val_tokens must be positive")
+        raise UserError("--shard_size and --val_tokens must be positive")
     name = args.name or (args.dataset or '').split('/')[-1]
     if not name:
-        raise SystemExit("error: --files needs --name, the dataset name train.py will use (--dataset=NAME)")
+        raise UserError("--files needs --name, the dataset name train.py will use (--dataset=NAME)")
     out_dir = args.out_dir or os.path.join(HERE, name)
     os.makedirs(out_dir, exist_ok=True)
     progress = os.path.join(out_dir, 'progress.json')
@@ -197,7 +196,7 @@ def main(argv=None):
         with open(progress) as f:
             saved = json.load(f)
         if saved['source'] != source:
-            raise SystemExit(f"error: {out_dir} holds a preparation with other settings ({saved['source']}); "
+            raise UserError(f"{out_dir} holds a preparation with other settings ({saved['source']}); "
                              f"use another --out_dir or delete it")
         state = saved
         if state['done']:
@@ -220,13 +219,13 @@ def main(argv=None):
     done_tokens = tokenize((row[args.text_column] for row in rows), writer, args.num_proc, total)
     writer.flush()
     if state['shards'] < 2:
-        raise SystemExit(f"error: the corpus has {state['tokens']:,} tokens, all taken by the val shard "
+        raise UserError(f"the corpus has {state['tokens']:,} tokens, all taken by the val shard "
                          f"(--val_tokens={args.val_tokens:,}); rerun with a smaller --val_tokens and a new --out_dir")
     elapsed = time.perf_counter() - start
     state['done'] = True
     save_json(progress, state)
     save_json(os.path.join(out_dir, 'info.json'), {
-        'tokenizer': 'gpt2', 'vocab_size': 50257, 'eot': 50256, 'format': 'llm.c shard v1 (data/shards.py)',
+        'tokenizer': 'gpt2', 'vocab_size': 50257, 'eot': 50256, 'format': 'llm.c shard v1 (orthogpt/shards.py)',
         'tokens': state['tokens'], 'documents': state['docs'], 'shards': state['shards'], 'source': source})
     print(f"{state['docs']:,} documents, {state['tokens']:,} tokens in {state['shards']} shards in {out_dir}; "
           f"this run: {done_tokens:,} tokens in {elapsed:.1f} s, {done_tokens / elapsed:,.0f} tokens/s "

@@ -1,21 +1,101 @@
-"""Fixtures shared by the test modules (which never import each other)."""
+"""Fixtures shared by the test modules (which never import each other). tests/unit holds the quick
+tests of the mathematics and of single functions; tests/e2e the ones that run train.py, torchrun,
+the tools or a compiler."""
 
+import gzip
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 sys.path.insert(0, ROOT)
 
 # a 2-layer model that trains in seconds on the CPU; tests add the keys they exercise
 TINY = ['--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=8', '--eval_iters=4',
         '--log_interval=5', '--warmup_iters=5', '--learning_rate=1e-2', '--device=cpu', '--compile=False']
+
+
+def small_gpt_config(**keys):
+    """A GPTConfig of 2 layers x 16 over 11 tokens and 16 positions, `keys` set over it; the keys
+    that are not GPTConfig's are the rule's options (ortho_mode=..., say)."""
+    from dataclasses import fields
+
+    from model import GPTConfig
+    keys = {'n_layer': 2, 'n_head': 2, 'n_embd': 16, 'block_size': 16, 'vocab_size': 11, **keys}
+    names = {f.name for f in fields(GPTConfig)}
+    return GPTConfig(**{k: v for k, v in keys.items() if k in names},
+                     options={k: v for k, v in keys.items() if k not in names})
+
+
+@pytest.fixture(scope='session')
+def gpt_config():
+    """gpt_config(**keys): small_gpt_config."""
+    return small_gpt_config
+
+
+def write_gpt2(folder, vocab_size=39, n_positions=32, seed=0):
+    """A random GPT-2 of transformers (2 layers x 32) saved in the Hugging Face layout, every
+    parameter (biases, LayerNorm gains) drawn; returns the transformers model."""
+    import transformers
+    torch.manual_seed(seed)
+    ref = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=vocab_size, n_positions=n_positions, n_embd=32, n_layer=2, n_head=2, bos_token_id=0,
+        eos_token_id=0)).eval()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    ref.save_pretrained(folder)
+    return ref
+
+
+@pytest.fixture(scope='session')
+def gpt2_folder():
+    """gpt2_folder(folder, vocab_size=39, n_positions=32, seed=0): write_gpt2."""
+    pytest.importorskip('transformers')
+    return write_gpt2
+
+
+def synthetic_images(n, size=28, seed=0):
+    """Class c is a bright square at the c-th of ten places on a noisy background."""
+    g = np.random.default_rng(seed)
+    labels = g.integers(0, 10, n)
+    x = g.integers(0, 60, (n, size, size)).astype(np.uint8)
+    for i, c in enumerate(labels):
+        r, q = divmod(int(c), 5)
+        x[i, 4 + 12 * r:10 + 12 * r, 1 + 5 * q:6 + 5 * q] = 250
+    return x, labels.astype(np.uint8)
+
+
+def write_idx(path, array):
+    header = bytes([0, 0, 0x08, array.ndim]) + b''.join(int(n).to_bytes(4, 'big') for n in array.shape)
+    with gzip.open(path, 'wb') as f:
+        f.write(header + array.astype(np.uint8).tobytes())
+
+
+@pytest.fixture
+def idx_dir(tmp_path):
+    """A Fashion-MNIST-shaped folder of IDX files (640 train, 200 test images) of `synthetic` classes."""
+    folder = tmp_path / 'fmnist'
+    folder.mkdir()
+    for split, n, seed in (('train', 640, 0), ('t10k', 200, 1)):
+        x, y = synthetic_images(n, seed=seed)
+        write_idx(folder / f'{split}-images-idx3-ubyte.gz', x)
+        write_idx(folder / f'{split}-labels-idx1-ubyte.gz', y)
+    return folder
+
+
+@pytest.fixture(scope='session')
+def images_kit():
+    """images_kit.synthetic(n, size=28, seed=0) -> (uint8 images, labels); images_kit.write_idx(path, array)."""
+    return SimpleNamespace(synthetic=synthetic_images, write_idx=write_idx)
 
 
 @pytest.fixture(autouse=True)
@@ -58,6 +138,20 @@ def char_data(tmp_path, tiny_text):
 
 
 @pytest.fixture
+def registered():
+    """registered(name, rule_class): a residual rule registered as a user would, for this test only."""
+    from model import RESIDUALS, register
+    names = []
+
+    def add(name, cls):
+        names.append(name)
+        return register(name)(cls)
+    yield add
+    for name in names:
+        del RESIDUALS[name]
+
+
+@pytest.fixture
 def run(tmp_path, char_data):
     """run(*args, config=..., out=...): train.main on the tiny model and char_data; returns out_dir."""
     import train
@@ -71,7 +165,9 @@ def run(tmp_path, char_data):
 
 
 def read_records(out_dir):
-    with open(os.path.join(out_dir, 'log.jsonl')) as f:
+    """The records of out_dir/log.jsonl, or of a .jsonl file given itself."""
+    path = out_dir if str(out_dir).endswith('.jsonl') else os.path.join(out_dir, 'log.jsonl')
+    with open(path) as f:
         return [json.loads(line) for line in f]
 
 
@@ -114,6 +210,78 @@ def launch(nproc, *args, timeout=240, env=None):
         pytest.fail(f"torchrun ran past {timeout} s; its output, then the stacks of processes {stuck}:\n"
                     f"{out[-4000:]}\n{err[-12000:]}")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def table_cells(text):
+    """{first cell: [the other cells]} of every row of the Markdown tables in text, headers left out."""
+    lines = text.splitlines()
+    heads = {a for a, b in zip(lines, lines[1:]) if b.startswith('|---')}
+    rows = [[c.strip() for c in line.strip('|').split('|')] for line in lines if line.startswith('| ') and line not in heads]
+    return {row[0]: row[1:] for row in rows}
+
+
+def first_number(text):
+    """The number a table cell starts with: '1,234 tok/s' -> 1234.0, '+5.2%' -> 5.2, '1.5x' -> 1.5."""
+    return float(text.split()[0].replace(',', '').rstrip('%x'))
+
+
+@pytest.fixture(scope='session')
+def tables():
+    """tables.cells(text): table_cells; tables.number(cell): first_number."""
+    return SimpleNamespace(cells=table_cells, number=first_number)
+
+
+class Terminal:
+    """A process whose stdout and stderr are a pseudo-terminal, as in a user's shell: progress bars
+    draw as they do there. read_until(text) collects its output until text appears (or it ends)."""
+
+    def __init__(self, cmd, cwd):
+        import fcntl
+        import pty
+        import struct
+        import termios
+        self.master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack('HHHH', 24, 120, 0, 0))  # 24 rows x 120 columns
+        self.proc = subprocess.Popen(cmd, cwd=cwd, stdout=slave, stderr=slave, stdin=subprocess.DEVNULL,
+                                     env=dict(os.environ, PYTHONUNBUFFERED='1'))
+        os.close(slave)
+        self.output = ''
+
+    def read_until(self, text=None, timeout=120):
+        import select
+        deadline = time.monotonic() + timeout
+        while (text is None or text not in self.output) and time.monotonic() < deadline:
+            if select.select([self.master], [], [], 1)[0]:
+                try:
+                    chunk = os.read(self.master, 4096)
+                except OSError:  # the process ended and closed the terminal
+                    break
+                if not chunk:
+                    break
+                self.output += chunk.decode(errors='replace')
+        return self.output
+
+    def finish(self, timeout=120):
+        """The exit status, once the process has ended and its output is read."""
+        code = self.proc.wait(timeout=timeout)
+        self.read_until(None, timeout=5)
+        os.close(self.master)
+        return code
+
+
+@pytest.fixture
+def terminal(root):
+    """terminal(*args): train.py with args, its output a pseudo-terminal (Terminal)."""
+    started = []
+
+    def start(*args):
+        started.append(Terminal([sys.executable, 'train.py', *map(str, args)], root))
+        return started[-1]
+    yield start
+    for t in started:
+        if t.proc.poll() is None:
+            t.proc.kill()
+            t.finish()
 
 
 @pytest.fixture(scope='session')

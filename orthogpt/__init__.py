@@ -1,0 +1,25 @@
+"""What OrthoGPT's scripts (train.py, sample.py) and tools (tools/) share, one job per module.
+Imports flow one way: model.py <- this package <- scripts and tools; configure/ reads model.py.
+
+    errors       UserError, and the entry points' turning of it into `error: ...` and exit 1
+    files        the one atomic, fsync'd file write
+    progress     the one progress bar
+    device       device and dtype choice, autocast
+    parallel     this process among torchrun's: DDP or FSDP, gradient synchronisation
+    optim        AdamW and Muon, the learning-rate schedule, one optimizer step, non-finite steps
+    signals      Ctrl-C and SIGTERM as a request to stop at the next step
+    rng          every random generator's state, for exact resumption
+    checkpoint   checkpoint files: atomic, checksummed, versioned; the newest that verifies
+    sharded      FSDP's checkpoints: torch.distributed.checkpoint folders
+    resume       what a resumed run may change
+    chars        character-level text (Tiny Shakespeare): preparation
+    shards       GPT-2 token shards in llm.c's format
+    windows      token files found and read as random windows
+    images       image datasets on the device, and their augmentation
+    tasks        what the loop trains on: a GPT on token windows, or a ViT on images
+    estimate     how long a CPU run will take, from timed steps
+    logs         a run's log.jsonl (and Weights & Biases): written, read
+    plots        validation curves of runs in one figure
+    diagnostics  measurements of the residual stream: gradient norms, update statistics
+    hf           the Hugging Face format: pretrained weights into a run, a run out to a folder
+"""

@@ -1,0 +1,128 @@
+"""Measurements of the residual stream, through hooks on the update modules (forward(x, u)).
+
+Residual layer l = 1 .. 2L is the output of the l-th update (attention of block 0, MLP of block
+0, attention of block 1, ...), x^(l) in the notation of "The Orthogonal Transformer" (preprint,
+no arXiv id). "Oh et al." below: G. Oh et al., "Revisiting Residual Connections: Orthogonal Updates for Stable and Efficient Deep
+Networks", NeurIPS 2025, arXiv:2505.11881.
+"""
+
+import math
+from contextlib import contextmanager
+
+import torch
+
+from model import ResidualUpdate
+
+
+def updates(model):
+    """(block, sublayer, module) for every update rule, in forward order: each block updates the
+    stream twice, after its attention and after its MLP."""
+    rules = [m for m in model.modules() if isinstance(m, ResidualUpdate)]
+    return [(l // 2, ('attn', 'mlp')[l % 2], m) for l, m in enumerate(rules)]
+
+
+@contextmanager
+def residual_grads(model):
+    """Yields a list that backward() fills with the mean per-token L2 norm of d loss / d x^(l),
+    one float32 device scalar per residual layer, in layer order."""
+    grads = [None] * (2 * len(model.blocks))
+
+    def hook(l):
+        def forward_hook(module, inputs, output):
+            def store(g):
+                grads[l] = g.float().norm(dim=-1).mean()
+            output.register_hook(store)
+        return forward_hook
+    handles = [m.register_forward_hook(hook(l)) for l, (_, _, m) in enumerate(updates(model))]
+    try:
+        yield grads
+    finally:
+        for h in handles:
+            h.remove()
+
+
+STATS = ('stream_sq', 'par_sq', 'perp_sq', 'cos', 'theta')
+
+
+@torch.no_grad()
+def update_stats(model, idx):
+    """Per update, means over tokens of ||x||^2, ||f_par||^2, ||f_perp||^2 and cos(x, f), f the
+    branch output (Oh et al. Sec. 3.5, App. D), and theta = ||f_perp|| / ||x||: on the sphere
+    ||x|| = sqrt(d) the angle the Orthogonal Transformer's rotation turns x by, for any rule the
+    size of the tangential update relative to the stream. One forward pass on idx (B, T), in the
+    model's current mode; returns a (2L, 5) float32 device tensor, rows in layer order."""
+    rows = [None] * (2 * len(model.blocks))
+
+    def hook(l):
+        def pre_hook(module, args):
+            x, u = (t.float() for t in args)
+            xx, uu, xu = (x * x).sum(-1), (u * u).sum(-1), (x * u).sum(-1)  # (B, T)
+            par = xu * xu / xx
+            perp = (uu - par).clamp_min(0)
+            theta = (perp / xx).sqrt()
+            rows[l] = torch.stack([xx.mean(), par.mean(), perp.mean(), (xu / (xx * uu).sqrt()).mean(), theta.mean()])
+        return pre_hook
+    handles = [m.register_forward_pre_hook(hook(l)) for l, (_, _, m) in enumerate(updates(model))]
+    try:
+        model(idx)
+    finally:
+        for h in handles:
+            h.remove()
+    return torch.stack(rows)
+
+
+def stats_record(iter_num, model, stats):
+    """The JSON-ready form of update_stats: {'iter', 'attn': {stat: [per block]}, 'mlp': {...}}."""
+    values = stats.tolist()
+    record = {'iter': iter_num, 'attn': {s: [] for s in STATS}, 'mlp': {s: [] for s in STATS}}
+    for (_, sub, _), row in zip(updates(model), values):
+        for s, v in zip(STATS, row):
+            record[sub][s].append(None if math.isnan(v) else v)
+    return record
+
+
+@torch.no_grad()
+def effective_rank(features):
+    """exp of the entropy of the normalised eigenvalues of the feature covariance (Oh et al.,
+    slides: "Effective Rank ... exp(H)"): features (..., d), rows are samples."""
+    h = features.reshape(-1, features.shape[-1]).double()
+    h = h - h.mean(0)
+    eig = torch.linalg.eigvalsh(h.T @ h / h.shape[0]).clamp_min(0)
+    p = eig / eig.sum()
+    return math.exp(-(p * torch.log(p.clamp_min(1e-300))).sum().item())
+
+
+@torch.no_grad()
+def final_features(model, idx):
+    """The representation the head reads: the output of model.ln_f, (B, T, d)."""
+    out = []
+    handle = model.ln_f.register_forward_hook(lambda m, i, o: out.append(o))
+    try:
+        model(idx)
+    finally:
+        handle.remove()
+    return out[0]
+
+
+def in_eval_mode(measure):
+    """measure(model, ...) run in eval mode (no dropout; stochastic connections at their expected
+    update, so no random number is drawn), the model back in training mode after."""
+    def measured(model, *args):
+        model.eval()
+        try:
+            return measure(model, *args)
+        finally:
+            model.train()
+    return measured
+
+
+@in_eval_mode
+def dynamics_record(model, idx, iter_num):
+    """update_stats of one forward on idx, as the JSON record of dynamics.jsonl."""
+    return stats_record(iter_num, model, update_stats(model, idx))
+
+
+@in_eval_mode
+def final_rank(model, idx):
+    """The effective rank of the representation the head reads (Oh et al., App. D)."""
+    return effective_rank(final_features(model, idx))

@@ -1,0 +1,32 @@
+"""One exception for what a user can fix, and the entry points that turn it into one line.
+
+Anything that can go wrong because of the user's input or machine (a config, a missing dataset, a
+damaged checkpoint, no network, out of memory) raises UserError with a message that names the
+problem and the fix. A script's main() is wrapped in `entry`, which prints it as `error: ...` and
+exits with status 1; under torchrun the message also goes to the error file torchrun reads, so
+that its failure report ends with it rather than with "To enable traceback see ...".
+"""
+
+import functools
+import json
+import os
+import time
+
+
+class UserError(Exception):
+    pass
+
+
+def entry(main):
+    """main(argv=None), with a UserError ending the process as `error: ...`, exit status 1."""
+    @functools.wraps(main)
+    def run(*args, **kwargs):
+        try:
+            return main(*args, **kwargs)
+        except UserError as e:
+            text = f"error: {e}"
+            if os.environ.get('TORCHELASTIC_ERROR_FILE'):
+                with open(os.environ['TORCHELASTIC_ERROR_FILE'], 'w') as f:
+                    json.dump({'message': text, 'timestamp': int(time.time())}, f)
+            raise SystemExit(text) from None
+    return run

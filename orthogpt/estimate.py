@@ -1,0 +1,102 @@
+"""How long a run will take on a CPU, from timed passes, before it starts; and the CPU recipe's
+command when a config the user did not size for a CPU would take hours there."""
+
+import os
+import shlex
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+import configure
+from orthogpt.errors import UserError
+from orthogpt.optim import oom_advice
+from orthogpt.parallel import maps_of
+
+LIMIT = 3600  # seconds: a run that did not ask for the CPU stops before training past this
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def format_time(seconds):
+    """H:MM:SS, as the log lines' ETA."""
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def duration(seconds):
+    """A span in words: '4 s', '3 min 05 s', '2 h 13 min'."""
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{max(seconds, 1)} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds // 60 % 60:02d} min"
+
+
+def time_passes(model, batch, env, repeats=3):
+    """(seconds of a training micro-step's forward and backward, of an evaluation batch's forward),
+    each `repeats` timings after one untimed pass, for a batch of batch_size items. The untimed
+    pass reads a quarter of the batch; where that took over a quarter of a second, quarters are
+    timed and scaled up, else whole batches. Changes no weight, gradient, random state or data
+    position."""
+    rng, (x, y) = torch.get_rng_state(), batch
+    timings = {True: [], False: []}
+    n = -(-len(x) // 4)
+    for train in (True, False):
+        for i in range(repeats + 1):
+            model.train(train)
+            t0 = time.perf_counter()
+            with torch.set_grad_enabled(train), maps_of(model, env, grad=train), env.autocast:
+                _, loss = model(x[:n], y[:n])
+            if train:
+                loss.backward()
+            seconds = (time.perf_counter() - t0) * len(x) / n
+            if i:
+                timings[train].append(seconds)
+            elif train and seconds < 1:
+                n = len(x)
+    model.train()
+    model.zero_grad(set_to_none=True)
+    torch.set_rng_state(rng)
+    return timings[True], timings[False]
+
+
+def cpu_command(argv):
+    """The command of argv with config/cpu.py stacked after its config files."""
+    files, overrides = [a for a in argv if not a.startswith('--')], [a for a in argv if a.startswith('--')]
+    cpu = os.path.join(ROOT, 'config', 'cpu.py')
+    near = os.path.relpath(cpu)
+    return shlex.join(['python', 'train.py', *files, cpu if near.startswith('..') else near, *overrides])
+
+
+def check_cpu_run(cfg, env, task, model, argv, iters, evals):
+    """On a CPU: print how long `iters` iterations and `evals` evaluations will take. A run that did
+    not ask for the CPU (device='auto' found no GPU) and would take over LIMIT stops here, before
+    its first evaluation, with the command sized for a CPU. Rank 0 times; every process learns the
+    verdict."""
+    message = None
+    if env.master:
+        try:
+            train, evaluate = time_passes(model, task.batch, env)
+        except torch.OutOfMemoryError:
+            raise UserError(oom_advice(cfg, True)) from None
+        micro_steps = iters * cfg.gradient_accumulation_steps // env.world
+        batches = evals * task.eval_batches(cfg.eval_iters)
+        total = [micro_steps * t + batches * e for t, e in zip(sorted(train), sorted(evaluate))]
+        print(f"on this CPU: about {duration(statistics.median(total))} ({duration(total[0])} to {duration(total[-1])} "
+              f"over {len(total)} timings of a training pass and an evaluation batch) for {iters} iterations and "
+              f"{evals} evaluations")
+        if cfg.device == 'auto' and total[0] > LIMIT:
+            small = configure.load(shlex.split(cpu_command(argv))[2:])
+            message = (f"this config is sized for a GPU ({cfg.n_layer} layers x {cfg.n_embd}, {task.items_per_iter:,} "
+                       f"{task.unit} a step) and no GPU is here: on this CPU it would take about "
+                       f"{duration(statistics.median(total))}. For a CPU, stack config/cpu.py (nanoGPT's CPU recipe: "
+                       f"{small.n_layer} layers x {small.n_embd}, {small.max_iters} iterations):\n  {cpu_command(argv)}\n"
+                       f"or run this config here anyway with --device=cpu")
+    if env.ddp:
+        box = [message]
+        dist.broadcast_object_list(box, src=0)
+        message = box[0]
+    if message:
+        raise UserError(message)

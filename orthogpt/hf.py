@@ -1,0 +1,116 @@
+"""The Hugging Face format: pretrained weights into a training run, a run's model out to a folder.
+
+    model = GPT.from_pretrained('gpt2')            # model.py: 'gpt2', ..., 'gpt2-xl', or a folder
+    python train.py config/finetune_shakespeare.py # init_from='gpt2': fine-tune from OpenAI's weights
+    python tools/export.py --out_dir=RUN --to=DIR  # DIR/config.json and DIR/model.safetensors
+
+A folder holds config.json and model.safetensors, in one of two layouts:
+- GPT-2's (model_type 'gpt2'), which transformers' GPT2LMHeadModel loads with no custom code. A GPT
+  with GPT-2's architecture (model.GPT2_ARCH: LayerNorm and Linear biases, GELU's tanh
+  approximation, a tied head, dense Q/K/V) whose every update is additive is exported so; OpenAI's
+  checkpoints are read so. GPT-2 stores each Linear weight as a Conv1D's, (in, out), transposed
+  from ours.
+- OrthoGPT's own (model_type 'orthogpt') for every other variant: our GPTConfig and state dict as
+  they are, which GPT.from_pretrained reads back exactly.
+The vocabulary is the checkpoint's (GPT-2: 50257, not padded), so there is no padding to sample.
+"""
+
+import json
+import os
+import re
+from dataclasses import asdict, fields, replace
+
+from model import GPT2_ARCH, GPT2_CONV1D, GPT2_HUB, AdditiveUpdate, GPTConfig, read_pretrained
+from orthogpt.errors import UserError
+from orthogpt.resume import SWITCHABLE
+
+FREE = SWITCHABLE | {'block_size'}  # keys a run may set otherwise, keeping the weights (block_size: fewer positions)
+
+
+def is_pretrained(init_from):
+    """Whether the config value init_from names weights to start from (not 'scratch' or 'resume')."""
+    return init_from not in ('scratch', 'resume')
+
+
+def read(name_or_dir):
+    """(GPTConfig keys, state dict) of pretrained weights, or a UserError saying why not."""
+    if not os.path.isdir(name_or_dir) and name_or_dir not in GPT2_HUB:
+        raise UserError(f"init_from={name_or_dir!r} is neither 'scratch', 'resume', a GPT-2 name "
+                        f"({', '.join(GPT2_HUB)}) nor a folder")
+    try:
+        return read_pretrained(name_or_dir)
+    except (OSError, ValueError) as e:
+        raise UserError(f"init_from={name_or_dir!r}: {e}") from None
+
+
+def adopt(cfg, keys, given):
+    """cfg with the checkpoint's model keys, except those in `given` (set by a config file or an
+    override): one of these is kept if it leaves the weights as they are (FREE; block_size up to
+    the checkpoint's positions), and refused if it does not (another shape, norm or Q/K/V map)."""
+    names = {f.name for f in fields(GPTConfig)}
+    unknown = sorted(set(keys) - names)
+    if unknown:
+        raise UserError(f"the checkpoint's config has keys this version does not know: {', '.join(unknown)}")
+    mine = {k: getattr(cfg, k) for k in keys if k in given}
+    if mine.get('residual', keys.get('residual')) != keys.get('residual'):  # the saved options are another rule's
+        keys = {k: v for k, v in keys.items() if k != 'options'}
+    clash = [f"{k}={v!r} (the checkpoint's: {keys[k]!r})" for k, v in mine.items()
+             if v != keys[k] and (k not in FREE or k == 'block_size' and v > keys[k])]
+    if clash:
+        raise UserError("the config sets what the pretrained weights fix: " + ', '.join(clash)
+                        + f"; leave these keys out (block_size: at most {keys['block_size']}), the checkpoint "
+                          f"sets them")
+    try:
+        return replace(cfg, model='gpt', **{**keys, **mine})
+    except ValueError as e:
+        raise UserError(f"with the checkpoint's model keys, {e}") from None
+
+
+def fit(model, state):
+    """Load state into model (the positions cropped to its block_size), or say why it cannot."""
+    cfg, own = model.config, model.state_dict()
+    state = dict(state, **{'wpe.weight': state['wpe.weight'][:cfg.block_size]})
+    if state['wte.weight'].shape[0] != cfg.vocab_size:
+        raise UserError(f"the checkpoint has a vocabulary of {state['wte.weight'].shape[0]} tokens, the "
+                        f"model {cfg.vocab_size}: train on data in the checkpoint's tokens (GPT-2: "
+                        f"python data/prepare_text.py ..., then --dataset=NAME)")
+    differ = sorted(set(own) ^ set(state)) + [k for k in own if k in state and own[k].shape != state[k].shape]
+    if differ:
+        raise UserError(f"the weights do not fit the model of residual={cfg.residual!r}, qkv={cfg.qkv!r}: "
+                        f"{', '.join(differ[:4])}{', ...' if len(differ) > 4 else ''} differ; rules that "
+                        f"keep the parameters (additive, orthogonal) can start from them, others build "
+                        f"another architecture")
+    model.load_state_dict(state)
+    return model
+
+
+def gpt2_layout(model):
+    """Whether transformers' GPT-2 computes this model: GPT-2's architecture, every update additive."""
+    cfg = model.config
+    return (all(getattr(cfg, k) == v for k, v in GPT2_ARCH.items())
+            and all(type(m) is AdditiveUpdate for b in model.blocks for m in (b.update_attn, b.update_mlp)))
+
+
+def export(model, folder):
+    """Write model to folder as config.json and model.safetensors: GPT-2's layout where
+    gpt2_layout(model), else OrthoGPT's own. Returns the layout's model_type."""
+    from safetensors.torch import save_file
+    cfg = model.config
+    state = {k: t.detach().cpu().contiguous() for k, t in model.state_dict().items()}
+    if cfg.tie_weights:
+        del state['lm_head.weight']  # the same tensor as wte.weight; safetensors stores it once
+    if gpt2_layout(model):
+        hf_cfg = dict(model_type='gpt2', architectures=['GPT2LMHeadModel'], vocab_size=cfg.vocab_size,
+                      n_positions=cfg.block_size, n_embd=cfg.n_embd, n_layer=cfg.n_layer, n_head=cfg.n_head,
+                      n_inner=None, activation_function='gelu_new', layer_norm_epsilon=1e-5,
+                      resid_pdrop=cfg.dropout, embd_pdrop=cfg.dropout, attn_pdrop=cfg.dropout,
+                      tie_word_embeddings=True)
+        state = {'transformer.' + re.sub(r'^blocks\.', 'h.', k): t.t().contiguous() if GPT2_CONV1D.fullmatch(k) else t
+                 for k, t in state.items()}
+    else:
+        hf_cfg = dict(model_type='orthogpt', config=asdict(cfg))
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, 'config.json'), 'w') as f:
+        json.dump(hf_cfg, f, indent=1)
+    save_file(state, os.path.join(folder, 'model.safetensors'))
+    return hf_cfg['model_type']

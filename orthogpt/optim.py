@@ -1,0 +1,190 @@
+"""The optimizer, its learning-rate schedule, and one optimizer step: AdamW alone or Muon beside
+it, linear warmup and cosine decay, gradient accumulation, clipping, loss scaling, and the skip of
+a step whose loss or gradients are not finite."""
+
+import math
+
+import torch
+
+from orthogpt.parallel import local_norms, maps_of, synchronising, unwrapped
+
+
+def get_lr(it, cfg, start=0):
+    """Linear warmup over warmup_iters from `start` (0, or where the optimizer was reset),
+    then cosine decay to min_lr at lr_decay_iters."""
+    if not cfg.decay_lr:
+        return cfg.learning_rate
+    min_lr = cfg.learning_rate / 10 if cfg.min_lr is None else cfg.min_lr
+    decay_iters = (cfg.max_iters if cfg.lr_decay_iters is None else cfg.lr_decay_iters) - start
+    it -= start
+    if it < cfg.warmup_iters:
+        return cfg.learning_rate * (it + 1) / (cfg.warmup_iters + 1)
+    if it >= decay_iters:
+        return min_lr
+    ratio = (it - cfg.warmup_iters) / (decay_iters - cfg.warmup_iters)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg.learning_rate - min_lr)
+
+
+class Optimizers:
+    """AdamW alone, or torch.optim.Muon for the blocks' matrices beside AdamW for the rest, stepped
+    as one. Every param group keeps its own learning rate ('base_lr') for the schedule to scale."""
+
+    def __init__(self, **named):
+        self.named = named
+        self.base = {name: [g['base_lr'] for g in o.param_groups] for name, o in named.items()}
+
+    def __iter__(self):
+        return iter(self.named.values())
+
+    @property
+    def param_groups(self):
+        return [g for o in self for g in o.param_groups]
+
+    def set_lr(self, fraction):
+        """Each group at its base learning rate times fraction (the schedule's)."""
+        for group in self.param_groups:
+            group['lr'] = group['base_lr'] * fraction
+
+    def zero_grad(self, set_to_none=True):
+        for o in self:
+            o.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self):
+        return {name: o.state_dict() for name, o in self.named.items()}
+
+    def load_state_dict(self, state):
+        for name, o in self.named.items():
+            o.load_state_dict(state[name])
+        self.keep_base_lr()
+
+    def keep_base_lr(self):
+        """Each group's base learning rate from the config again: loading a state replaces the
+        groups with the saved ones, whose rates are the old run's."""
+        for name, o in self.named.items():
+            for group, lr in zip(o.param_groups, self.base[name]):
+                group['base_lr'] = lr
+
+
+def make_optimizer(model, cfg, device_type):
+    """AdamW; weight decay on matrices and embeddings, none on gains and biases, nor on the raw W
+    behind orthogonal Q/K/V (decaying it pulls Q, K, V towards the identity, not towards zero).
+    Fused where PyTorch has the kernel (CUDA, CPU): one kernel for all parameters, and the
+    scaler's skip of a non-finite step stays on the device. With optimizer='muon', Muon takes the
+    blocks' 2-D matrices (attention and MLP weights, the raw W behind Q/K/V maps) at muon_lr with
+    the same weight decay; AdamW keeps the embeddings, head, gains, biases and scaling vectors."""
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    muon = [(n, p) for n, p in params if cfg.optimizer == 'muon' and n.startswith('blocks.') and p.dim() == 2]
+    rest = [(n, p) for n, p in params if not any(p is q for _, q in muon)]
+
+    def groups(named, lr):
+        decay = [p for n, p in named if p.dim() >= 2 and '.parametrizations.' not in n]
+        no_decay = [p for n, p in named if p.dim() < 2 or '.parametrizations.' in n]
+        return [{'params': decay, 'weight_decay': cfg.weight_decay, 'base_lr': lr},
+                {'params': no_decay, 'weight_decay': 0.0, 'base_lr': lr}]
+    adamw = torch.optim.AdamW(groups(rest, cfg.learning_rate), lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2),
+                              fused=device_type in ('cuda', 'cpu'))
+    if not muon:
+        return Optimizers(adamw=adamw)
+    return Optimizers(adamw=adamw, muon=torch.optim.Muon(groups(muon, cfg.muon_lr), lr=cfg.muon_lr,
+                                                         momentum=cfg.muon_momentum))
+
+
+class StepScaler(torch.amp.GradScaler):
+    """Loss scaling for float16, and for every dtype a guard: a step whose gradients hold inf or
+    nan is skipped (on the device when AdamW is fused, as on CUDA and CPU: no host sync).
+    Outside float16 the scale stays 1, so the arithmetic is exactly that of unscaled training."""
+
+    def __init__(self, device_type, dtype):
+        self.dynamic = dtype == 'float16'
+        super().__init__(device_type, init_scale=2.0 ** 16 if self.dynamic else 1.0)
+
+    def update(self, new_scale=None):
+        super().update(new_scale if self.dynamic else 1.0)
+
+    def inverse(self):
+        """1 / the current scale, as a device tensor (no host sync)."""
+        return self._scale.reciprocal()
+
+
+class NonFinite:
+    """Steps whose loss or gradients were not finite, tallied on the device; check() reads the
+    tally (one host sync), which the training loop does once per log interval."""
+
+    def __init__(self, names, device):
+        self.names, self.device = names, device
+        self.bad_params = torch.zeros(len(names), dtype=torch.bool, device=device)
+        self.stats = torch.tensor([0, -1, 0], device=device)  # bad steps, first bad iteration, streak
+
+    def record(self, iter_num, loss, grad_norms):
+        bad_params = ~torch.isfinite(grad_norms)
+        bad = (bad_params.any() | ~torch.isfinite(loss)).long()
+        self.bad_params |= bad_params
+        count, first, streak = self.stats
+        self.stats = torch.stack([count + bad, torch.where((first < 0) & (bad > 0), iter_num, first),
+                                  (streak + 1) * bad])
+
+    def check(self):
+        """(bad steps, first bad iteration, current streak, parameter names) since the last check."""
+        count, first, streak = self.stats.tolist()
+        names = [n for n, bad in zip(self.names, self.bad_params.tolist()) if bad] if count else []
+        self.stats = torch.tensor([0, -1, streak], device=self.device)
+        self.bad_params.zero_()
+        return count, first, streak, names
+
+
+def hold_across_micro_steps(maps, micro_step, micro_steps):
+    """The orthogonal Q/K/V maps of one optimizer step (maps {map: value}, computed once by
+    model.maps_held) across its micro-steps: until the last one, backward stops at a leaf copy of
+    each value, where the gradients sum; the last backward runs through the maps once with that sum
+    added, so the raw weights (and DDP's hooks on them) get the whole step's gradient at once."""
+    for p, value in maps.items():
+        if micro_step == 0:
+            p.held = value.detach().requires_grad_()
+        elif micro_step == micro_steps - 1 and p.held.grad is not None:
+            extra, p.held = p.held.grad, value.view_as(value)
+            p.held.register_hook(lambda g, extra=extra: g + extra)
+        elif micro_step == micro_steps - 1:
+            p.held = value
+
+
+def train_step(model, optimizer, scaler, next_batch, micro_steps, grad_clip, amp, env=None):
+    """One optimizer step over micro_steps micro-batches from next_batch(); gradients average
+    over micro-batches (and over env's processes, reduced on the last micro-step only), under the
+    autocast context amp. The orthogonal Q/K/V maps are computed once for all micro-steps, except
+    under FSDP, where each layer's raw W is whole only inside its own forward. A step with an
+    inf/nan gradient anywhere is skipped, by every optimizer and every FSDP shard alike. Then the
+    residual rule's after_step. Returns the last micro-batch's loss and the parameters' gradient
+    norms (one tensor, in param_groups' order), on the device: nothing syncs, except Muon's step, which reads the scaler's verdict."""
+    with maps_of(model, env, grad=True) as maps:
+        for micro_step in range(micro_steps):
+            x, y = next_batch()
+            if micro_steps > 1:
+                hold_across_micro_steps(maps, micro_step, micro_steps)
+            with synchronising(model, env, micro_step == micro_steps - 1), amp:
+                _, loss = model(x, y)
+            scaler.scale(loss / micro_steps).backward()
+    grads = [p.grad for group in optimizer.param_groups for p in group['params']]
+    norms = local_norms(torch.stack(torch._foreach_norm(grads))) * scaler.inverse()  # clip_grad_norm_'s, per parameter
+    # one pass over the gradients: the clipping factor (scaling by the scaler's power of two
+    # commutes with it exactly), or nan everywhere where any gradient is non-finite, since the
+    # scaler skips only an optimizer whose own gradients are: the whole step is skipped, not a part
+    clip = torch.clamp(grad_clip / (torch.linalg.vector_norm(norms) + 1e-6), max=1.0) if grad_clip > 0 else 1.0
+    torch._foreach_mul_(grads, torch.where(torch.isfinite(norms).all(), clip, float('nan')))
+    for opt in optimizer:
+        scaler.unscale_(opt)
+    for opt in optimizer:  # Muon, without the fused kernels' on-device skip, reads the scaler's verdict
+        scaler.step(opt)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    unwrapped(model).after_step()
+    return loss.detach(), norms
+
+
+def oom_advice(cfg, first):
+    """What to change when a training step runs out of memory (the first one, or a later one)."""
+    step = 'the first training step' if first else 'a training step'
+    b, g = cfg.batch_size, cfg.gradient_accumulation_steps
+    fix = (f"lower batch_size and raise gradient_accumulation_steps by the same factor, which keeps the tokens "
+           f"per step: --batch_size={b // 2} --gradient_accumulation_steps={g * 2}" if b > 1 else
+           "lower block_size, or the model size (n_layer, n_embd)")
+    return f"out of memory in {step} (batch_size={b}, block_size={cfg.block_size}, gradient_accumulation_steps={g}): {fix}"

@@ -1,0 +1,137 @@
+"""This process among torchrun's: its rank, device and dtype; the model wrapped for DDP or sharded
+by FSDP2; how a micro-step synchronises gradients; and the end of the process group."""
+
+import os
+import sys
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.nn.utils import parametrize
+
+from model import maps_held
+from orthogpt.device import autocast, resolve_device, resolve_dtype
+from orthogpt.errors import UserError
+
+
+@dataclass
+class Env:
+    """Where this process runs: its rank among `world` processes, device, dtype and autocast."""
+    rank: int
+    local_rank: int
+    world: int
+    ddp: bool  # launched by torchrun: a process group, gradients synchronised
+    fsdp: bool  # parameters sharded over it (parallel='fsdp')
+    device: str
+    dtype: str
+    autocast: Any
+
+    @property
+    def master(self):
+        return self.rank == 0
+
+    @property
+    def device_type(self):
+        return self.device.split(':')[0]
+
+
+def setup(cfg):
+    """This process's Env: joins torchrun's process group, picks device and dtype."""
+    device = resolve_device(cfg.device)
+    rank, local_rank, world = 0, 0, 1
+    ddp = 'RANK' in os.environ  # set by torchrun
+    fsdp = cfg.parallel == 'fsdp'
+    if fsdp and not ddp:
+        raise UserError("parallel='fsdp' shards the model over torchrun's processes: launch with torchrun "
+                        "(--nproc_per_node=1 for one process)")
+    device_type = device.split(':')[0]
+    dtype = resolve_dtype(cfg.dtype, device_type)
+    if fsdp and cfg.dynamics:
+        raise UserError("dynamics=True measures the stream with a forward of rank 0 alone, which FSDP's sharded "
+                        "model cannot run: use parallel='ddp' for it")
+    if fsdp and cfg.optimizer == 'muon':
+        raise UserError("optimizer='muon' orthogonalises whole matrices, which parallel='fsdp' shards: use "
+                        "parallel='ddp'")
+    if fsdp and dtype == 'float16':
+        raise UserError("parallel='fsdp' computes in bfloat16 or float32 here (float16 would need a sharded loss "
+                        "scaler): use --dtype=bfloat16")
+    if ddp:
+        rank, local_rank, world = (int(os.environ[k]) for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE'))
+        if cfg.gradient_accumulation_steps % world:
+            raise UserError(f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} is not divisible by the "
+                            f"{world} processes; use a multiple of {world}")
+        if device_type == 'cuda':
+            device = f'cuda:{local_rank}'
+            torch.cuda.set_device(device)
+        dist.init_process_group('nccl' if device_type == 'cuda' else 'gloo')
+    if device_type == 'cuda' and dtype == 'float32':  # else TF32 would only blur the orthogonal Q/K/V maps
+        torch.set_float32_matmul_precision('high')
+    if cfg.deterministic:
+        os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
+    return Env(rank, local_rank, world, ddp, fsdp, device, dtype, autocast(device_type, dtype))
+
+
+def teardown(env):
+    """Leave the process group. After a clean end every process waits for the others first, so
+    that none tears down while rank 0 still writes its last checkpoint."""
+    if env.ddp:
+        if sys.exc_info()[0] is None:
+            dist.barrier()
+        dist.destroy_process_group()
+
+
+def parallelize(model, cfg, env):
+    """The model to train, wrapped. FSDP2 shards every block and then the whole model over the process
+    group (fully_shard), casting parameters to env's dtype for compute (the raw W of a Q/K/V map
+    stays float32; autocast runs as without FSDP) and reducing gradients in float32; DDP keeps a
+    replica per process. torch.compile (cfg.compile; default: on CUDA) comes between. fully_shard
+    shards `model` itself: an optimizer built on it afterwards holds the shards."""
+    if env.fsdp:
+        mp = MixedPrecisionPolicy(param_dtype=getattr(torch, env.dtype), reduce_dtype=torch.float32)
+        whole = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
+        for block in model.blocks:
+            if parametrize.is_parametrized(block.attn.c_attn):  # the Q/K/V map reads its raw W in float32
+                fully_shard(block.attn.c_attn, mp_policy=whole)
+            fully_shard(block, mp_policy=mp)
+        fully_shard(model, mp_policy=mp)
+    if cfg.compile if cfg.compile is not None else env.device_type == 'cuda':
+        model = torch.compile(model)
+    if env.ddp and not env.fsdp:
+        model = DDP(model, device_ids=[env.local_rank] if env.device_type == 'cuda' else None)
+    return model
+
+
+def unwrapped(model):
+    """The model inside a DDP wrapper (compiled or not), or the model itself."""
+    return model.module if isinstance(model, DDP) else model
+
+
+def maps_of(model, env, grad=False):
+    """model.maps_held, except under FSDP, where each layer's raw W is whole only inside its own
+    forward, which computes its map there (yields {} then)."""
+    return nullcontext({}) if env is not None and env.fsdp else maps_held(model, grad=grad)
+
+
+def synchronising(model, env, last):
+    """A micro-step's context: gradients reduced across processes on the last micro-step only."""
+    if env is not None and env.fsdp:
+        model.set_requires_gradient_sync(last)
+    return model.no_sync() if env is not None and env.ddp and not env.fsdp and not last else nullcontext()
+
+
+def fingerprint(model):
+    """Each parameter's sum in float64, of this process's shard under FSDP: equal across DDP replicas."""
+    return torch.stack([(p.to_local() if isinstance(p, DTensor) else p).detach().double().sum()
+                        for p in model.parameters()]).cpu()
+
+
+def local_norms(norms):
+    """Gradient norms of FSDP's shards (a DTensor of partial norms) reduced to whole ones."""
+    return norms.full_tensor() if isinstance(norms, DTensor) else norms

@@ -1,0 +1,40 @@
+"""Validation curves of runs in one figure: the val loss (and top-1 for images) against iteration,
+the mean over each group's seeds, a line per group."""
+
+import statistics
+
+
+def curves(groups, path, switch_at=None):
+    """groups: {label: [curve of each seed]}, a curve being logs.evaluations(...) of one run; a
+    dashed line at switch_at. Writes the PNG at path."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    groups = {label: runs for label, runs in groups.items() if runs}
+    if not groups:
+        print("no finished runs: no figure")
+        return
+    images = any(p[2] is not None for runs in groups.values() for run in runs for p in run)
+    fig, axes = plt.subplots(1, 2 if images else 1, figsize=(11 if images else 6, 4), squeeze=False)
+    late = [[], []]  # values after the first quarter of training, which set the y range
+    for label, runs in groups.items():
+        iters = [it for it, _, _ in runs[0]]
+        for ax, col, seen in zip(axes[0], (1, 2), late):
+            ys = [[p[col] for p in run] for run in runs if len(run) == len(iters)]
+            mean = [statistics.mean(v) for v in zip(*ys)]
+            ax.plot(iters, mean, label=f"{label} (n={len(ys)})")
+            seen += [m for it, m in zip(iters, mean) if it >= iters[-1] / 4]
+    for ax, name, seen in zip(axes[0], ('val loss', 'top-1 %'), late):
+        if seen:  # the first evaluations would squash the differences at the end
+            pad = (max(seen) - min(seen)) * 0.05 or 0.01
+            ax.set_ylim(min(seen) - pad, max(seen) + pad)
+        if switch_at:
+            ax.axvline(switch_at, color='grey', lw=0.8, ls='--')
+        ax.set_xlabel('iteration')
+        ax.set_ylabel(f"{name}, mean over seeds")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    print(f"wrote {path}")

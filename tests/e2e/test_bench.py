@@ -1,0 +1,73 @@
+"""tools/bench.py on a tiny model: every mode's table has a row per variant or piece, and its
+numbers agree with one another (throughput from the time per step, spreads around medians, the
+first variant the reference)."""
+
+import os
+
+import pytest
+
+from model import QKV_MAPS, RESIDUALS
+from tools import bench
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
+TINY = ['--n_layer=1', '--n_head=2', '--n_embd=16', '--block_size=16', '--batch_size=2', '--device=cpu',
+        '--steps=1', '--repeats=3', '--warmup=1']
+VARIANTS = [*RESIDUALS, *(k for k, f in QKV_MAPS.items() if f is not None)]
+
+
+def test_the_step_table(char_data, capsys, tables):
+    bench.main([os.path.join(ROOT, 'config', 'shakespeare_add.py'), *TINY, f'--data_dir={char_data}'])
+    table = tables.cells(capsys.readouterr().out)
+    assert list(table) == VARIANTS
+    for variant, (ms, spread, tok_s, mfu, memory, overhead) in table.items():
+        low, high = map(float, spread.split('-'))
+        assert 0 < low <= tables.number(ms) <= high
+        assert tables.number(tok_s) == pytest.approx(2 * 16 / (tables.number(ms) / 1e3), rel=0.05)  # batch 2 x block 16 per step
+        assert mfu == '-' and 'GiB (process)' in memory  # no peak FLOPs known for a CPU
+    assert table['additive'][-1] == '+0.0%'
+
+
+def test_the_sampling_table(char_data, capsys, tables):
+    bench.main([os.path.join(ROOT, 'config', 'shakespeare_add.py'), *TINY, f'--data_dir={char_data}', '--sample',
+                '--sample_tokens=20'])
+    table = tables.cells(capsys.readouterr().out)
+    assert list(table) == VARIANTS
+    for cached, uncached, speedup in table.values():
+        assert tables.number(cached) > 0 and tables.number(uncached) > 0
+        assert tables.number(speedup) == pytest.approx(tables.number(cached) / tables.number(uncached), abs=0.06)
+
+
+def test_the_rules_table(char_data, capsys, tables):
+    bench.main([os.path.join(ROOT, 'config', 'shakespeare_add.py'), *TINY, f'--data_dir={char_data}', '--rules'])
+    table = tables.cells(capsys.readouterr().out)
+    maps = [k for k, f in QKV_MAPS.items() if f is not None]
+    assert list(table) == [f'{r} update' for r in RESIDUALS] + [
+        name for k in maps for name in (f'{k} Q/K/V map, one layer', f'{k} Q/K/V maps, 1 layers batched')]
+    for median, spread in table.values():
+        low, high = (tables.number(v) for v in spread.split('-'))
+        assert 0 < low <= tables.number(median) <= high
+
+
+def test_bench_rejects_unknown_variants(char_data):
+    with pytest.raises(SystemExit, match='unknown variant'):
+        bench.main([os.path.join(ROOT, 'config', 'shakespeare_add.py'), *TINY, '--variants=additive,rotaton'])
+
+
+def test_bench_profile_writes_a_trace_per_variant_into_the_folder(char_data, tmp_path, tables):
+    folder = tmp_path / 'traces'
+    bench.main([os.path.join(ROOT, 'config', 'shakespeare_add.py'), *TINY, f'--data_dir={char_data}',
+                '--variants=additive,cayley', f'--profile={folder}'])
+    assert sorted(os.listdir(folder)) == ['additive.json', 'additive.md', 'cayley.json', 'cayley.md']
+    assert '"traceEvents"' in (folder / 'cayley.json').read_text()
+    table = (folder / 'cayley.md').read_text().splitlines()
+    assert table[2] == '| operator | calls | ms a step | share |' and len(table) > 5
+    shares = [tables.number(row.split('|')[-2]) for row in table[4:]]
+    assert shares == sorted(shares, reverse=True) and 0 < sum(shares) <= 100.5  # the top operators' shares
+    assert 'aten::' in table[4] or 'aten::' in table[5]
+
+
+def test_overhead_compares_each_round_with_its_own_reference():
+    """A round where the machine slowed down for one variant only moves neither median."""
+    reference, times = [10.0, 20.0, 30.0], [30.0, 22.0, 33.0]  # ratios 3.0, 1.1, 1.1
+    assert bench.paired_overhead(times, reference) == pytest.approx(0.1)
+    assert bench.paired_overhead(reference, reference) == 0

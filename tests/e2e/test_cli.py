@@ -1,0 +1,101 @@
+"""What a new user meets at the command line: the CPU estimate and the stop of a GPU-sized run,
+progress bars on a terminal, stopping during an evaluation, torchrun's report of a user error, and
+the list of config files. Where a test needs a signalling model, it registers a residual rule of
+its own, as a user would (the loop itself is not patched)."""
+
+import os
+import signal
+
+import pytest
+
+import train
+from model import AdditiveUpdate
+from orthogpt import checkpoint
+
+
+class SignalInEvaluation(AdditiveUpdate):
+    """x + u; in the evaluation after optimizer step `at`, block 0's attention update sends SIGTERM
+    to this process during the `batch`-th batch (after_step runs once at init and after every step)."""
+    at, batch, steps, calls = None, 3, 0, 0
+
+    @classmethod
+    def from_config(cls, cfg, layer, causal):
+        return cls() if layer == 0 else AdditiveUpdate()
+
+    @classmethod
+    def after_step(cls, model):
+        cls.steps += 1
+
+    def forward(self, x, u, cache=None):
+        if not self.training and self.steps == self.at:
+            type(self).calls += 1
+            if self.calls == 2 * self.batch - 1:  # block 0's two updates per batch: the first of batch `batch`
+                os.kill(os.getpid(), signal.SIGTERM)
+        return x + u
+
+
+def test_a_cpu_run_is_estimated_and_a_gpu_sized_one_stops_with_the_cpu_command(run, root, tmp_path, char_data, capsys):
+    run('--max_iters=10', '--eval_interval=10', '--device=auto', out='small')
+    out = capsys.readouterr().out
+    assert 'on this CPU: about ' in out and 'for 10 iterations and 2 evaluations' in out
+    assert 'sized for a GPU' not in out and 'done: 10 iterations' in out
+    # the paper's 16 x 256 model with its batch of 64 x 256 tokens: hours on a CPU
+    args = [os.path.join(root, 'config', 'shakespeare_rot.py'), f'--data_dir={char_data}', f'--out_dir={tmp_path / "big"}']
+    with pytest.raises(SystemExit) as stop:
+        train.main(args)
+    message, printed = str(stop.value), capsys.readouterr().out
+    assert 'this config is sized for a GPU (16 layers x 256, 16,384 tok a step) and no GPU is here' in message
+    cpu = os.path.relpath(os.path.join(root, 'config', 'cpu.py'))
+    assert f"config/shakespeare_rot.py {cpu} --data_dir=" in message and 'anyway with --device=cpu' in message
+    assert 'step 0:' not in printed and not (tmp_path / 'big' / 'ckpt.pt').exists()  # stopped before evaluating
+
+
+def test_a_signal_during_an_evaluation_stops_it_and_resume_runs_it_again(run, logs, capsys, registered):
+    """SIGTERM arrives in the third batch of the evaluation at iteration 20: the evaluation stops
+    before its next batch, the 20 iterations are saved, and the resumed run evaluates at 20 first,
+    so its log is the uninterrupted run's."""
+    registered('signal', SignalInEvaluation)
+    args = ['--max_iters=40', '--eval_interval=20', '--eval_iters=8', '--residual=signal']
+    full = run(*args, out='full')
+    SignalInEvaluation.at, SignalInEvaluation.steps, SignalInEvaluation.calls = 1 + 20, 0, 0
+    part = run(*args, out='part')
+    assert SignalInEvaluation.calls == 2 * 3  # the third batch ended; no fourth began
+    assert 'stopped by SIGTERM during the evaluation at iteration 20; checkpoint saved' in capsys.readouterr().out
+    assert checkpoint.load(part / 'ckpt.pt')['iter_num'] == 20
+    SignalInEvaluation.at = None
+    run(*args, '--init_from=resume', out='part')
+    losses = lambda d: [{k: v for k, v in r.items() if 'loss' in k or k in ('iter', 'lr')} for r in logs.records(d)]  # noqa: E731
+    assert losses(part) == losses(full)
+
+
+def test_a_long_evaluation_shows_progress_and_sigterm_stops_it_at_its_next_batch(terminal, tiny, char_data, tmp_path):
+    """On a terminal: a quick evaluation draws no bar; one of a million batches (hours) draws one
+    with an ETA once it has run two seconds, and SIGTERM ends it at the batch after, exit 0."""
+    args = ['config/shakespeare_add.py', *tiny, f'--data_dir={char_data}', '--max_iters=5', '--eval_interval=5']
+    quick = terminal(*args, f'--out_dir={tmp_path / "quick"}')
+    assert quick.finish() == 0 and 'done: 5 iterations' in quick.output and 'evaluating' not in quick.output
+    long = terminal(*args, f'--out_dir={tmp_path / "long"}', '--eval_iters=1000000')
+    assert 'evaluating train:' in long.read_until('evaluating train:'), long.output
+    long.read_until('/1000000 [')  # the bar's count and its ETA
+    long.proc.send_signal(signal.SIGTERM)
+    assert long.finish() == 0, long.output
+    last = [line for line in long.output.splitlines() if line.strip()][-1]
+    assert 'stopped by SIGTERM during the evaluation at iteration 0; nothing new to save' in last
+
+
+def test_torchrun_ends_with_the_users_error(torchrun, tmp_path):
+    done = torchrun(1, '--dataset=openwebtext', f'--data_dir={tmp_path}', '--device=cpu', timeout=120)
+    assert done.returncode != 0
+    last = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()][-3:]
+    assert any("error: dataset 'openwebtext' is not prepared" in line for line in last), '\n'.join(last)
+
+
+@pytest.mark.parametrize('name,first', [('does_not_exist.py', None), ('shakespeare_rott.py', 'shakespeare_rot.py')])
+def test_a_missing_config_file_lists_the_config_files_closest_first(root, name, first):
+    with pytest.raises(SystemExit) as e:
+        train.main([os.path.join(root, 'config', name)])
+    listed = str(e.value).split('closest first:')[1].split()
+    configs = sorted(f for f in os.listdir(os.path.join(root, 'config')) if f.endswith('.py') and f != '__init__.py')
+    assert sorted(os.path.basename(f) for f in listed) == configs
+    if first:
+        assert os.path.basename(listed[0]) == first

@@ -1,0 +1,248 @@
+"""compare.py end to end: two tiny configs x 2 seeds, resume without rerunning, the table against
+the runs' own logs, and a failing run reported in the table."""
+
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tools import compare
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
+TINY = ['--n_layer=1', '--n_head=2', '--n_embd=16', '--block_size=16', '--batch_size=4', '--eval_iters=2',
+        '--eval_interval=10', '--log_interval=5', '--max_iters=20', '--warmup_iters=2', '--device=cpu', '--compile=False']
+CONFIGS = [os.path.join(ROOT, 'config', c) for c in ('shakespeare_add.py', 'shakespeare_rot.py')]
+
+
+@pytest.fixture(scope='module')
+def compared(tmp_path_factory, tiny_text):
+    root = tmp_path_factory.mktemp('compare')
+    data = root / 'data'
+    data.mkdir()
+    (data / 'input.txt').write_text(tiny_text, encoding='utf-8')
+    args = [*CONFIGS, '--seeds=2', '--nproc=2', f'--out={root / "out"}', *TINY, f'--data_dir={data}']
+    return root, args, compare.main(args)
+
+
+def test_runs_every_config_and_seed_and_tabulates_their_logs(compared, logs):
+    root, _, groups = compared
+    assert list(groups) == ['shakespeare_add', 'shakespeare_rot']
+    text = (root / 'out' / 'results.md').read_text()
+    for label in groups:
+        runs = [root / 'out' / f'{label}-s{seed}' for seed in (1337, 1)]
+        evals = [[r for r in logs.records(d) if 'val_loss' in r] for d in runs]
+        best = [min(r['val_loss'] for r in e) for e in evals]
+        final = [e[-1]['val_loss'] for e in evals]
+        assert [e[-1]['iter'] for e in evals] == [20, 20]
+        row = next(line for line in text.splitlines() if line.startswith(f'| `{label}`'))
+        assert f"{statistics.mean(best):.4f} ± {statistics.stdev(best):.4f}" in row
+        assert f"{statistics.mean(final):.4f} ± {statistics.stdev(final):.4f}" in row
+        assert '| 2/2 |' in row and 'tok/s' in row
+    assert best[0] != best[1], "the two seeds ran with different seeds"
+    assert (root / 'out' / 'curves.png').stat().st_size > 0
+
+
+def test_reach_reports_when_each_seed_first_reached_a_groups_final_loss(compared, logs):
+    root, args, _ = compared
+    compare.main(args + ['--reach=shakespeare_add'])
+    finals = [[r for r in logs.records(root / 'out' / f'shakespeare_add-s{s}') if 'val_loss' in r][-1]['val_loss']
+              for s in (1337, 1)]
+    target = statistics.mean(finals)
+    text = (root / 'out' / 'results.md').read_text()
+    assert f"reaches {target:.4f} at (per seed)" in text
+    for label in ('shakespeare_add', 'shakespeare_rot'):
+        firsts = [next((r['iter'] for r in logs.records(root / 'out' / f'{label}-s{s}') if r.get('val_loss', 9) <= target),
+                       None) for s in (1337, 1)]
+        row = next(line for line in text.splitlines() if line.startswith(f'| `{label}`'))
+        assert f"| {', '.join('not reached' if f is None else str(f) for f in firsts)} |" in row
+    with pytest.raises(SystemExit, match="--reach 'nope' names no finished group"):
+        compare.main(args + ['--reach=nope'])
+    compare.main(args + [f'--reach={target}'])  # a val loss given as a number: the same column
+    assert f"reaches {target:.4f} at (per seed)" in (root / 'out' / 'results.md').read_text()
+
+
+def test_per_sets_a_key_for_one_configs_runs(tmp_path):
+    runs = compare.plan(compare.parse_args([*CONFIGS, '--seeds=1', f'--out={tmp_path}', '--per',
+                                            'shakespeare_rot:learning_rate=3e-3', '--set=dropout=0.0,0.1'])[0], [])
+    rates = {r['group']: r['cfg'].learning_rate for r in runs}
+    assert rates == {'shakespeare_add dropout=0.0': 1e-3, 'shakespeare_add dropout=0.1': 1e-3,
+                     'shakespeare_rot learning_rate=3e-3 dropout=0.0': 3e-3,
+                     'shakespeare_rot learning_rate=3e-3 dropout=0.1': 3e-3}
+
+
+def test_a_second_call_reruns_nothing(compared, capsys):
+    root, args, _ = compared
+    before = {d: (root / 'out' / d / 'log.jsonl').read_bytes() for d in os.listdir(root / 'out') if d.endswith(('s1337', 's1'))}
+    compare.main(args)
+    assert capsys.readouterr().out.count('finished before, kept') == 4
+    assert all((root / 'out' / d / 'log.jsonl').read_bytes() == b for d, b in before.items())
+
+
+def test_a_failing_run_is_a_row_not_a_gap(compared, tmp_path):
+    root, _, _ = compared
+    out = tmp_path / 'out'
+    groups = compare.main([CONFIGS[0], '--seeds=1', f'--out={out}', *TINY, f'--data_dir={root / "data"}',
+                           '--set=init_from=scratch,resume'])  # nothing to resume from: train.py exits 1
+    assert [len(g['ok']) for g in groups.values()] == [1, 0]
+    text = (out / 'results.md').read_text()
+    assert '| `shakespeare_add init_from=resume` | 0/1 | - |' in text
+    assert re.search(r'`shakespeare_add-init_fromresume-s1337` failed \(exit 1\): .*no checkpoint', text)
+
+
+def test_sigterm_stops_the_runs_with_their_checkpoints(compared, tmp_path):
+    """A scheduler's SIGTERM reaches compare.py alone; it passes it on and waits for the runs."""
+    root, _, _ = compared
+    out = tmp_path / 'out'
+    cmd = [sys.executable, os.path.join(ROOT, 'tools', 'compare.py'), CONFIGS[0], '--seeds=1', f'--out={out}', *TINY,
+           f'--data_dir={root / "data"}', '--max_iters=100000']
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = out / 'shakespeare_add-s1337' / 'log.jsonl'
+    deadline = time.time() + 60
+    while not (log.exists() and log.read_text().count('"loss"') >= 2) and time.time() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    printed = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 1 and 'the same command resumes the unfinished runs' in printed
+    assert 'stopped by SIGTERM' in (out / 'shakespeare_add-s1337' / 'stdout.log').read_text()
+    assert (out / 'shakespeare_add-s1337' / 'ckpt.pt').exists()
+
+
+def test_config_errors_stop_before_any_run(tmp_path):
+    with pytest.raises(SystemExit, match="did you mean 'max_iters'"):
+        compare.main([CONFIGS[0], f'--out={tmp_path}', '--max_iter=5'])
+    with pytest.raises(SystemExit, match='key=v1,v2'):
+        compare.main([CONFIGS[0], f'--out={tmp_path}', '--set=seed'])
+    with pytest.raises(SystemExit, match='share the folder shakespeare_add-s1337'):
+        compare.main([CONFIGS[0], CONFIGS[0], f'--out={tmp_path}'])
+    assert not os.listdir(tmp_path)
+
+
+@pytest.fixture(scope='module')
+def switched(compared):
+    """[Oh] Sec. 4.3 on tiny runs: additive for 10 iterations, then additive or orthogonal to 20
+    with a fresh optimizer and schedule."""
+    root, _, _ = compared
+    args = [CONFIGS[0], '--seeds=1', '--nproc=2', f'--out={root / "switch"}', *TINY, f'--data_dir={root / "data"}',
+            '--switch', 'residual=additive,orthogonal', '--switch_at=10', '--switch_reset']
+    return root / 'switch', compare.main(args)
+
+
+def test_a_switch_continues_one_first_phase_once_per_value(switched, logs):
+    out, groups = switched
+    assert list(groups) == ['shakespeare_add → residual=additive', 'shakespeare_add → residual=orthogonal']
+    assert sorted(os.listdir(out)) == ['curves.png', 'results.md', 'shakespeare_add-first10-s1337',
+                                       'shakespeare_add-then-residualadditive-s1337',
+                                       'shakespeare_add-then-residualorthogonal-s1337']
+    first = logs.records(out / 'shakespeare_add-first10-s1337')
+    assert first[-1]['iter'] == 10 and 'val_loss' in first[-1]
+    for value in ('additive', 'orthogonal'):
+        second = logs.records(out / f'shakespeare_add-then-residual{value}-s1337')
+        assert second[:len(first)] == first, "the second phase's log starts with its first phase's"
+        resume = second[len(first)]
+        assert resume['event'] == 'resume' and resume['reset_optimizer'] is True
+        assert resume['changes'].get('residual') == (None if value == 'additive' else ['additive', 'orthogonal'])
+        lr = {r['iter']: r['lr'] for r in first + second if 'lr' in r}
+        assert lr[15] == lr[5], "the schedule restarts at the switch"
+        assert [r['iter'] for r in second if 'val_loss' in r][-1] == 20
+    assert 'fresh AdamW' in (out / 'results.md').read_text()
+
+
+def test_a_resumed_second_phase_is_not_reset_again(switched, tmp_path):
+    out, _ = switched
+    runs = compare.plan(*compare.parse_args([CONFIGS[0], '--seeds=1', f'--out={out}', *TINY, '--switch',
+                                             'residual=orthogonal', '--switch_at=10', '--switch_reset']))
+    first, second = runs
+    argv, resume = compare.start(second)  # its checkpoint is its own, from iteration 20
+    assert resume and '--reset_optimizer=True' not in argv
+    argv, resume = compare.start(dict(second, out_dir=str(tmp_path)))  # a fresh copy of the first phase
+    assert resume and '--reset_optimizer=True' in argv
+    assert (tmp_path / 'ckpt.pt').read_bytes() == (out / first['name'] / 'ckpt.pt').read_bytes()
+
+
+def test_a_switch_without_reset_continues_the_run_exactly(compared, logs):
+    """App. C.3's protocol: the first phase stops inside the full run's schedule and the second
+    resumes it, so switching to the same rule reproduces the uninterrupted run."""
+    root, _, _ = compared
+    out = root / 'continued'
+    compare.main([CONFIGS[0], '--seeds=1', '--nproc=2', f'--out={out}', *TINY, f'--data_dir={root / "data"}',
+                  '--switch', 'residual=additive', '--switch_at=10'])  # one thread per run, as in `compared`
+    whole = [r for r in logs.records(root / 'out' / 'shakespeare_add-s1337') if 'ms_per_iter' not in r]
+    parts = [r for r in logs.records(out / 'shakespeare_add-then-residualadditive-s1337')
+             if 'ms_per_iter' not in r and 'event' not in r]
+    assert parts == whole
+    assert 'with its AdamW state' in (out / 'results.md').read_text()
+
+
+def test_a_failed_first_phase_is_reported_in_its_second_phases_rows(compared, tmp_path):
+    root, _, _ = compared
+    groups = compare.main([CONFIGS[0], '--seeds=1', f'--out={tmp_path}', *TINY, f'--data_dir={root / "data"}',
+                           '--init_from=resume', '--switch', 'residual=additive,orthogonal', '--switch_at=10'])
+    assert [len(g['ok']) for g in groups.values()] == [0, 0]
+    text = (tmp_path / 'results.md').read_text()
+    for value in ('additive', 'orthogonal'):
+        assert re.search(rf'`shakespeare_add-then-residual{value}-s1337` failed \(its first phase '
+                         rf'shakespeare_add-first10-s1337 did not finish, exit 1\): .*no checkpoint', text)
+    assert sorted(os.listdir(tmp_path)) == ['results.md', 'shakespeare_add-first10-s1337']
+
+
+def test_switch_errors_stop_before_any_run(tmp_path):
+    with pytest.raises(SystemExit, match="residual 'additive' -> 'rotation': the two rules build different parameters"):
+        compare.main([CONFIGS[0], f'--out={tmp_path}', '--switch=residual=rotation', '--switch_at=10'])
+    with pytest.raises(SystemExit, match='--switch_at=5000 must lie between 0 and max_iters=5000'):
+        compare.main([CONFIGS[0], f'--out={tmp_path}', '--switch=residual=orthogonal', '--switch_at=5000'])
+    with pytest.raises(SystemExit, match='go together'):
+        compare.main([CONFIGS[0], f'--out={tmp_path}', '--switch=residual=orthogonal'])
+    assert not os.listdir(tmp_path)
+
+
+def test_plot_curves_reads_out_dirs_and_log_copies(tmp_path, capsys):
+    from tools import plot_curves
+    records = [{'iter': i, 'val_loss': 4.0 - i / 10} for i in (0, 10, 20)]
+    (tmp_path / 'run-a').mkdir()
+    (tmp_path / 'run-a' / 'log.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in records))
+    (tmp_path / 'b.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in records[:2]))
+    (tmp_path / 'died.jsonl').write_text(json.dumps({'iter': 5, 'loss': 9.0}) + '\n')
+    out = tmp_path / 'curves.png'
+    plot_curves.main([str(tmp_path / 'run-a'), str(tmp_path / 'b.jsonl'), str(tmp_path / 'died.jsonl'), f'--out={out}'])
+    printed = capsys.readouterr().out
+    assert 'died.jsonl: no evaluation logged, skipped' in printed and f'wrote {out}' in printed
+    assert out.stat().st_size > 0
+
+
+def test_a_second_phase_waits_until_its_first_phase_has_exited(tmp_path, monkeypatch):
+    """A first phase logs its last evaluation before it writes its checkpoint: its second phase
+    starts only after its process has exited (here: two polls later), from that checkpoint."""
+    cfg = compare.load(['--max_iters=10'], 'first')
+    first = dict(name='first', out_dir=str(tmp_path / 'first'), cfg=cfg, argv=[])
+    second = dict(name='second', out_dir=str(tmp_path / 'second'), cfg=cfg, argv=[], after=first, reset=False)
+    os.makedirs(first['out_dir'])
+    (tmp_path / 'first' / 'log.jsonl').write_text(json.dumps({'iter': 10, 'val_loss': 1.0}) + '\n')
+
+    class Saving:  # the first phase's process, still writing its checkpoint
+        polls, returncode = 0, 0
+
+        def poll(self):
+            self.polls += 1
+            if self.polls < 3:
+                return None
+            (tmp_path / 'first' / 'ckpt.pt').write_bytes(b'final checkpoint')
+            return 0
+
+    class Exited:
+        returncode = 0
+
+        def poll(self):
+            return 0
+
+    first.update(proc=Saving(), stdout=open(os.devnull, 'w'), t0=time.time())
+    started = []
+    monkeypatch.setattr(compare.subprocess, 'Popen', lambda argv, **kw: started.append(argv) or Exited())
+    compare.launch([second], [first], 2, {}, 1)
+    assert (tmp_path / 'second' / 'ckpt.pt').read_bytes() == b'final checkpoint'
+    assert len(started) == 1 and '--init_from=resume' in started[0]

@@ -1,0 +1,82 @@
+"""The diagnostics through their tools and train.py: the gradient-norm figure, the dynamics log
+and its plots."""
+
+import csv
+import json
+import math
+import os
+
+import pytest
+
+from orthogpt import diagnostics
+from tools import plot_dynamics, plot_grad_norms
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
+SMALL = ['--n_embd=32', '--n_head=2', '--block_size=32', '--batch_size=4', '--batches=2', '--seeds=2']
+
+
+def cfgfile(name):
+    return os.path.join(ROOT, 'config', name)
+
+
+def read_csv(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_grad_norm_tool_writes_one_row_per_layer(tmp_path, char_data):
+    out = tmp_path / 'gn'
+    plot_grad_norms.main([cfgfile('shakespeare_add.py'), '--n_layer=3', *SMALL, f'--data_dir={char_data}',
+                          f'--out={out}'])
+    rows = read_csv(f'{out}.csv')
+    assert [int(r['layer']) for r in rows] == list(range(1, 7))
+    assert [r['sublayer'] for r in rows] == ['attn', 'mlp'] * 3
+    assert all(math.isfinite(float(r['grad_norm'])) and float(r['grad_norm']) > 0 for r in rows)
+    assert os.path.getsize(f'{out}.png') > 1000
+
+
+def test_rotation_gradients_stay_flat_where_additive_decays(tmp_path, char_data):
+    """The Orthogonal Transformer paper's figure, at 16 layers: the ordering, not its numbers."""
+    out = tmp_path / 'gn'
+    plot_grad_norms.main([cfgfile('shakespeare_add.py'), cfgfile('shakespeare_rot.py'), '--sigma_w=0.3,1.0',
+                          *SMALL, f'--data_dir={char_data}', f'--out={out}'])
+    ratio = {}
+    for r in read_csv(f'{out}.csv'):
+        ratio.setdefault((r['residual'], float(r['sigma_w'])), []).append(float(r['grad_norm']))
+    ratio = {k: max(v) / min(v) for k, v in ratio.items()}
+    assert len(ratio) == 4
+    assert ratio['rotation', 0.3] < 1.25
+    assert ratio['additive', 1.0] > 2 * ratio['rotation', 0.3]
+    assert ratio['additive', 1.0] > ratio['additive', 0.3]  # the decay grows with sigma_w
+
+
+def test_dynamics_log_and_plots(run, logs, tmp_path):
+    args = ['--max_iters=20', '--eval_interval=10', '--dropout=0.1', '--ortho_prob=0.5']
+    plain = run(*args, config='shakespeare_ortho.py', out='plain')
+    assert not (plain / 'dynamics.jsonl').exists()
+    out = run(*args, '--dynamics=True', '--dynamics_interval=5', config='shakespeare_ortho.py')
+    with open(out / 'dynamics.jsonl') as f:
+        lines = [json.loads(line) for line in f]
+    assert [r['iter'] for r in lines] == [5, 10, 15, 20]
+    assert all(len(r[sub][s]) == 2 for r in lines for sub in ('attn', 'mlp') for s in diagnostics.STATS)
+    assert all(0 < t < 10 for r in lines for t in r['attn']['theta'] + r['mlp']['theta'])
+    ranks = [r['effective_rank'] for r in logs.records(out) if 'val_loss' in r]
+    assert len(ranks) == 3 and all(1 <= e <= 32 for e in ranks)
+    # measuring draws no random numbers and changes nothing: the same losses as without it
+    strip = lambda d: [{k: v for k, v in r.items() if k in ('iter', 'loss', 'val_loss')} for r in logs.records(d)]  # noqa: E731
+    assert strip(out) == strip(plain)
+    plot_dynamics.main([str(out), '--out', str(tmp_path / 'dyn')])
+    assert sorted(p.name for p in tmp_path.glob('dyn_*.png')) == [
+        'dyn_cos.png', 'dyn_effective_rank.png', 'dyn_par_sq.png', 'dyn_perp_sq.png', 'dyn_stream_sq.png',
+        'dyn_theta.png']
+
+
+def test_dynamics_off_measures_nothing(run, logs):
+    out = run('--max_iters=10', '--eval_interval=5')
+    assert not (out / 'dynamics.jsonl').exists()
+    assert not any('effective_rank' in r for r in logs.records(out))
+
+
+def test_plot_dynamics_needs_the_log(tmp_path):
+    with pytest.raises(SystemExit, match='train the run with --dynamics=True'):
+        plot_dynamics.main([str(tmp_path)])

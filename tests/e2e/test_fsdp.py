@@ -1,0 +1,94 @@
+"""parallel='fsdp' (FSDP2's fully_shard) under torchrun with gloo on the CPU: the weights DDP
+reaches, checkpoints in torch.distributed.checkpoint's shards resumed on 2 processes exactly and
+on 1, and the errors a user meets."""
+
+import os
+import shutil
+
+import pytest
+import torch
+
+import sample
+import train
+from orthogpt import checkpoint
+
+ARGS = ['--eval_interval=4', '--log_interval=2', '--warmup_iters=2']
+
+
+def spawn(torchrun, tiny, data, out, nproc, *args):
+    done = torchrun(nproc, 'config/shakespeare_add.py', *tiny, *ARGS, f'--data_dir={data}', f'--out_dir={out}', *args)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+def weights(out, name='ckpt.pt'):
+    return checkpoint.load_language_model(out, name)[0].state_dict()
+
+
+@pytest.mark.parametrize('variant', [
+    ['--qkv=cayley', '--gradient_accumulation_steps=4'],  # the maps, and gradients accumulated unsharded
+    ['--residual=rotation', '--qkv=exp', '--gradient_accumulation_steps=2'],
+    ['--residual=orthogonal', '--ortho_prob=0.5', '--dropout=0.1', '--gradient_accumulation_steps=2'],
+    ['--residual=ngpt', '--gradient_accumulation_steps=2']], ids=['cayley', 'rotation-exp', 'orthogonal', 'ngpt'])
+def test_fsdp_reaches_the_weights_of_ddp(variant, torchrun, tiny, char_data, tmp_path):
+    for parallel in ('ddp', 'fsdp'):
+        spawn(torchrun, tiny, char_data, tmp_path / parallel, 2, '--max_iters=4', f'--parallel={parallel}', *variant)
+    assert os.path.isdir(tmp_path / 'fsdp' / 'ckpt-0000004.dcp') and not os.path.exists(tmp_path / 'ddp' / 'ckpt-0000004.dcp')
+    for a, b in zip(weights(tmp_path / 'ddp').values(), weights(tmp_path / 'fsdp').values()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.fixture(scope='module')
+def sharded(tmp_path_factory, tiny_text, torchrun, tiny):
+    """A run to 8 on 2 processes, and one stopped at 4 then resumed to 8 on 2; its checkpoint at 4."""
+    base = tmp_path_factory.mktemp('fsdp')
+    (base / 'data').mkdir()
+    (base / 'data' / 'input.txt').write_text(tiny_text, encoding='utf-8')
+    run = lambda out, nproc, *args: spawn(torchrun, tiny, base / 'data', base / out, nproc, '--parallel=fsdp',  # noqa: E731
+                                          '--qkv=cayley', '--gradient_accumulation_steps=2', '--lr_decay_iters=8',
+                                          *args)
+    run('full', 2, '--max_iters=8')
+    run('part', 2, '--max_iters=4')
+    shutil.copytree(base / 'part', base / 'part1')
+    run('part', 2, '--max_iters=8', '--init_from=resume')
+    return base, run
+
+
+def test_resuming_on_as_many_processes_is_exact(sharded, logs):
+    base, _ = sharded
+    assert logs.losses(base / 'part') == logs.losses(base / 'full')
+    for a, b in zip(weights(base / 'part').values(), weights(base / 'full').values()):
+        assert torch.equal(a, b)
+    assert sorted(f for f in os.listdir(base / 'full') if f.endswith('.dcp')) == ['ckpt-0000004.dcp', 'ckpt-0000008.dcp']
+
+
+def test_a_run_saved_on_two_processes_resumes_on_one(sharded, logs):
+    base, run = sharded
+    out = run('part1', 1, '--max_iters=8', '--init_from=resume')
+    assert 'checkpoint written by 2 processes, resuming on 1' in out
+    assert [r['iter'] for r in logs.records(base / 'part1') if 'val_loss' in r] == [0, 4, 8]
+    lr = lambda d: [(r['iter'], r['lr']) for r in logs.records(d) if 'lr' in r]  # noqa: E731
+    assert lr(base / 'part1') == lr(base / 'full')  # the schedule went on from iteration 4, not from 0
+    resumed, full = logs.evals(base / 'part1'), logs.evals(base / 'full')
+    assert resumed[:2] == full[:2]  # the 2 processes' evaluations at 0 and 4, kept
+    assert abs(resumed[2][1] - full[2][1]) < 0.1 * (full[0][1] - full[2][1])  # other batches, the same training
+
+
+def test_sampling_and_the_users_errors(sharded, capsys, char_data):
+    base, _ = sharded
+    sample.main([f'--out_dir={base / "full"}', '--start=ROMEO:', '--num_samples=1', '--max_new_tokens=5'])
+    assert capsys.readouterr().out.startswith('ROMEO:')
+    with pytest.raises(SystemExit, match="parallel='fsdp' shards the model over torchrun's processes"):
+        train.main(['--parallel=fsdp', '--device=cpu', f'--data_dir={char_data}'])
+    with pytest.raises(SystemExit, match="written with parallel='fsdp'; resume it with that value"):
+        train.main(['config/shakespeare_add.py', f'--out_dir={base / "full"}', '--init_from=resume',
+                    f'--data_dir={base / "data"}', '--device=cpu', '--max_iters=9', '--n_layer=2', '--n_head=2',
+                    '--n_embd=32', '--block_size=32', '--qkv=cayley', '--gradient_accumulation_steps=2', '--compile=False'])
+
+
+@pytest.mark.parametrize('arg,expected', [('--dtype=float16', 'use --dtype=bfloat16'),
+                                          ('--dynamics=True', "use parallel='ddp' for it"),
+                                          ('--optimizer=muon', "which parallel='fsdp' shards")])
+def test_fsdp_refuses_what_it_cannot_do(arg, expected, torchrun, tmp_path):
+    done = torchrun(1, '--parallel=fsdp', arg, '--device=cpu', f'--out_dir={tmp_path}', timeout=120)
+    assert done.returncode != 0 and expected in done.stdout + done.stderr

@@ -1,0 +1,114 @@
+"""Pretrained weights through train.py (fine-tuning with another rule, resuming, what is refused),
+runs exported to transformers, and HellaSwag on files in the original format."""
+
+import json
+import os
+
+import pytest
+import torch
+
+import train
+from model import GPT
+from orthogpt import checkpoint
+from tools import eval_hellaswag, export
+
+transformers = pytest.importorskip('transformers')
+
+
+def logits_of(model, idx):
+    with torch.no_grad():
+        out = model(idx)
+    return out.logits if hasattr(out, 'logits') else out[0]
+
+
+FINETUNE = ['--device=cpu', '--compile=False', '--batch_size=8', '--eval_iters=4', '--log_interval=5',
+            '--warmup_iters=5', '--learning_rate=3e-3', '--eval_interval=10']
+
+
+def test_a_gpt2_shaped_run_exports_to_transformers_and_other_variants_to_orthogpt(run, tmp_path, capsys):
+    out = run('--max_iters=5', '--eval_interval=5', '--bias=True', '--norm=layernorm', '--activation=gelu_tanh',
+              '--tie_weights=True', '--init=gpt2', out='gpt2ish')
+    export.main([f'--out_dir={out}', f'--to={tmp_path / "hf"}'])
+    assert "GPT-2's layout" in capsys.readouterr().out
+    model, _, _ = checkpoint.load_language_model(out)
+    ref = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / 'hf').eval()
+    idx = torch.randint(model.config.vocab_size, (2, 32))
+    torch.testing.assert_close(logits_of(ref, idx), logits_of(model, idx), rtol=0, atol=1e-5)
+    out = run('--max_iters=5', '--eval_interval=5', config='shakespeare_rot.py', out='rot')
+    export.main([f'--out_dir={out}', f'--to={tmp_path / "rot"}'])
+    assert "OrthoGPT's layout (residual='rotation'" in capsys.readouterr().out
+    assert json.loads((tmp_path / 'rot' / 'config.json').read_text())['model_type'] == 'orthogpt'
+    with pytest.raises(SystemExit, match='already holds an exported model'):
+        export.main([f'--out_dir={out}', f'--to={tmp_path / "rot"}'])
+
+
+def test_finetuning_gpt2_weights_with_orthogonal_updates_trains_and_resumes(tmp_path, char_data, logs, capsys, gpt2_folder):
+    gpt2_folder(tmp_path / 'hf')
+    out = tmp_path / 'ft'
+    args = [f'--init_from={tmp_path / "hf"}', '--residual=orthogonal', f'--data_dir={char_data}', f'--out_dir={out}',
+            *FINETUNE]
+    train.main([*args, '--max_iters=20'])
+    assert f"starting from the weights of {tmp_path / 'hf'}" in capsys.readouterr().out
+    saved = checkpoint.load(out / 'ckpt.pt')['config']
+    assert (saved['n_layer'], saved['n_embd'], saved['activation'], saved['residual']) == (2, 32, 'gelu_tanh', 'orthogonal')
+    history = logs.evals(out)
+    assert history[-1][1] < history[0][1]
+    train.main([*args, '--max_iters=30', '--init_from=resume'])  # the checkpoint sets the architecture again
+    train.main([*args, '--max_iters=40', '--init_from=resume'])  # and again: it remembers its weights' origin
+    assert [i for i, _ in logs.evals(out)] == [0, 10, 20, 30, 40]
+
+
+@pytest.mark.parametrize('args,expected', [
+    (['--residual=rotation'], r"do not fit the model of residual='rotation'"),
+    (['--qkv=cayley'], r"qkv='cayley' \(the checkpoint's: 'dense'\)"),
+    (['--n_layer=3'], r"n_layer=3 \(the checkpoint's: 2\)"),
+    (['--block_size=64'], r"block_size=64 \(the checkpoint's: 32\)"),
+    (['--norm=rmsnorm'], r"norm='rmsnorm' \(the checkpoint's: 'layernorm'\)"),
+])
+def test_what_cannot_carry_the_weights_is_refused(args, expected, tmp_path, char_data, gpt2_folder):
+    gpt2_folder(tmp_path / 'hf')
+    with pytest.raises(SystemExit, match=expected):
+        train.main([f'--init_from={tmp_path / "hf"}', f'--data_dir={char_data}', f'--out_dir={tmp_path / "o"}',
+                    *FINETUNE, '--max_iters=1', *args])
+
+
+def test_other_vocabularies_and_missing_checkpoints_are_refused(tmp_path, char_data, gpt2_folder):
+    gpt2_folder(tmp_path / 'hf', vocab_size=65)
+    with pytest.raises(SystemExit, match='the checkpoint has a vocabulary of 65 tokens, the model 39'):
+        train.main([f'--init_from={tmp_path / "hf"}', f'--data_dir={char_data}', f'--out_dir={tmp_path / "o"}',
+                    *FINETUNE])
+    with pytest.raises(SystemExit, match=r"init_from='gtp2' is neither 'scratch', 'resume', a GPT-2 name"):
+        train.main(['--init_from=gtp2', f'--data_dir={char_data}', *FINETUNE])
+    (tmp_path / 'empty').mkdir()
+    with pytest.raises(SystemExit, match='holds no config.json and no model.safetensors'):
+        train.main([f'--init_from={tmp_path / "empty"}', f'--data_dir={char_data}', *FINETUNE])
+
+
+@pytest.mark.skipif(not os.environ.get('TIKTOKEN_CACHE_DIR'), reason='GPT-2 BPE files: set TIKTOKEN_CACHE_DIR')
+def test_hellaswag_on_the_jsonl_format_and_the_hub_path(tmp_path, monkeypatch, capsys, gpt2_folder):
+    """A tiny GPT-2 in GPT-2's tokens on five examples of the original file's format, batched two at a
+    time, against each ending scored alone; then the same through a monkeypatched datasets."""
+    import tiktoken
+    gpt2_folder(tmp_path / 'hf', vocab_size=50257, n_positions=64)
+    rows = [{'ind': i, 'ctx': f"A man {verb} the ball and", 'label': i % 4, 'split': 'val',
+             'endings': ['it rolls away.', 'he smiles.', 'the crowd cheers loudly.', 'nothing happens at all.']}
+            for i, verb in enumerate(['kicks', 'throws', 'drops', 'catches', 'holds'])]
+    (tmp_path / 'val.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rows))
+    acc = eval_hellaswag.main([f'--init_from={tmp_path / "hf"}', f'--data={tmp_path / "val.jsonl"}', '--batch_size=2',
+                               '--device=cpu'])
+    model, enc = GPT.from_pretrained(str(tmp_path / 'hf')).eval(), tiktoken.get_encoding('gpt2')
+    right = [0, 0]
+    for r in rows:  # each ending alone, no padding
+        ctx, losses = enc.encode_ordinary(r['ctx']), []
+        for ending in r['endings']:
+            end = enc.encode_ordinary(' ' + ending)
+            logits = logits_of(model, torch.tensor([ctx + end])[:, :-1])[0, -len(end):]
+            losses.append(torch.nn.functional.cross_entropy(logits, torch.tensor(end), reduction='none'))
+        right[0] += min(range(4), key=lambda k: losses[k].sum().item()) == r['label']
+        right[1] += min(range(4), key=lambda k: losses[k].mean().item()) == r['label']
+    assert acc == (right[0] / 5, right[1] / 5)
+    assert 'HellaSwag' in capsys.readouterr().out
+    import datasets
+    monkeypatch.setattr(datasets, 'load_dataset', lambda name, split: [dict(r, label=str(r['label'])) for r in rows]
+                        if (name, split) == ('Rowan/hellaswag', 'validation') else None)
+    assert eval_hellaswag.main([f'--init_from={tmp_path / "hf"}', '--device=cpu']) == acc

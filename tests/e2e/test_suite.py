@@ -1,0 +1,34 @@
+"""tools/suite.py --smoke: every stage of the GPU suite runs on the CPU at tiny shapes and writes a
+table whose numbers agree with one another."""
+
+import os
+
+import pytest
+
+from model import QKV_MAPS, RESIDUALS
+from tools import suite
+
+
+def test_the_smoke_suite_writes_every_table(tmp_path, char_data, capsys, tables):
+    out = tmp_path / 'suite'
+    suite.main(['--smoke', f'--out={out}', f'--shakespeare_data={char_data}'])
+    printed = capsys.readouterr().out
+    assert all(f"{stage}: ok" in printed for stage in suite.LIMITS), printed
+    variants = [*RESIDUALS, *(k for k, f in QKV_MAPS.items() if f is not None)]
+    tokens = 2 * 16  # batch 2 x block 16 a step
+    for stage in ('step_ddp', 'step_fsdp'):
+        table = tables.cells((out / f'{stage}.md').read_text())
+        assert list(table) == variants  # every rule, every map
+        for ms, spread, tok_s, *_ in table.values():
+            assert tables.number(tok_s) == pytest.approx(tokens / (tables.number(ms) / 1e3), rel=0.05)
+    assert 'FSDP' in (out / 'step_fsdp.md').read_text() and 'FSDP' not in (out / 'step_ddp.md').read_text()
+    assert os.path.getsize(out / 'profile' / 'additive.json') > 1000
+    operators = tables.cells((out / 'profile' / 'additive.md').read_text())
+    assert len(operators) == 15 and 0 < sum(tables.number(share) for _, _, share in operators.values()) <= 100.5
+    speeds = tables.cells((out / 'generate.md').read_text())
+    assert list(speeds) == variants and all(tables.number(cached) > 0 for cached, _, _ in speeds.values())
+    runs = tables.cells((out / 'shakespeare.md').read_text())
+    assert list(runs) == [f'`shakespeare_{v}`' for v in ('add', 'ortho', 'rot', 'ngpt', 'cayley')]
+    assert all(seeds == '1/1' and 0 < tables.number(best) < 5 for seeds, best, *_ in runs.values())  # ln(39) ~ 3.7
+    report = (out / 'suite.md').read_text()
+    assert all(f"## {stage}" in report for stage in suite.LIMITS)

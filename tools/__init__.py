@@ -1,0 +1,1 @@
+"""Tools around training, each a script run from the repository's root: `python tools/NAME.py`."""

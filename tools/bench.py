@@ -1,0 +1,307 @@
+"""Training throughput per residual variant, measured side by side.
+
+    python tools/bench.py config/shakespeare_add.py config/cpu.py
+    python tools/bench.py config/shakespeare_add.py --variants=additive,rotation --steps=20 --repeats=9
+    python tools/bench.py config/shakespeare_add.py --compile --profile=trace   # CUDA: add --peak_tflops if unknown
+    python tools/bench.py config/shakespeare_add.py --sample                    # generation, with and without the KV cache
+    python tools/bench.py config/shakespeare_add.py config/cpu.py --rules       # each update rule and Q/K/V map alone
+
+For each variant the config is rebuilt with that variant's keys, then timed on one real batch
+of its dataset, reused (a step's speed does not depend on the data): forward, backward and
+AdamW step per iteration, at the config's batch_size, block_size and gradient_accumulation_steps
+(tokens/s for a GPT, images/s for a ViT). The
+variants are timed in interleaved rounds (A B C A B C ...) so that a machine whose speed
+drifts biases none of them; each cell is the median over rounds, with the min-max spread, and
+the overhead against the first variant is the median of the per-round ratios (each variant
+against the first in the same round: paired, so drift between rounds cancels).
+--sample times GPT.generate instead: --sample_tokens new tokens after a one-token prompt, batch
+1, top_k 200, with the DecodeCache and without (the same context window, so the same tokens);
+with --compile, generate(compile=True) in both, after one untimed generation of each that
+compiles every shape the timed ones meet.
+--rules times forward + backward of each piece a variant adds, alone, at the config's shape: the
+update rule on (batch_size, block_size, n_embd) tensors, the orthogonal Q/K/V map of one layer, and
+every layer's maps in one batched call (as training computes them).
+The variants are every residual rule in model.RESIDUALS (with dense Q/K/V) and every orthogonal
+Q/K/V map in model.QKV_MAPS (with the additive rule).
+"""
+
+import argparse
+import os
+import resource
+import sys
+import time
+from dataclasses import replace
+from statistics import median_high as median  # a value that was measured, never an average of two
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
+import configure  # noqa: E402
+from model import QKV_MAPS, RESIDUALS, OrthogonalQKV  # noqa: E402
+from orthogpt import diagnostics, errors, parallel  # noqa: E402
+from orthogpt.errors import UserError  # noqa: E402
+from orthogpt.optim import StepScaler, make_optimizer, train_step  # noqa: E402
+from orthogpt.rng import seed_all  # noqa: E402
+from orthogpt.tasks import make_task  # noqa: E402
+
+PEAK_TFLOPS = {'H100': 989.0, 'H200': 989.0, 'A100': 312.0, 'L4': 121.0, 'A10': 125.0}  # bf16 dense
+
+
+def variants():
+    """{variant: its config keys}: every residual rule registered now, then every Q/K/V map."""
+    return {**{name: dict(residual=name, qkv='dense') for name in RESIDUALS},
+            **{kind: dict(residual='additive', qkv=kind) for kind, f in QKV_MAPS.items() if f is not None}}
+
+
+def paired_overhead(times, reference):
+    """Median over rounds of times[r] / reference[r] - 1: each round compared with the same round."""
+    return median([t / r for t, r in zip(times, reference)]) - 1
+
+
+def peak_flops(device, override):
+    if override:
+        return override * 1e12
+    if device.startswith('cuda'):
+        name = torch.cuda.get_device_name(device)
+        for key, tflops in PEAK_TFLOPS.items():
+            if key in name:
+                return tflops * 1e12
+    return None
+
+
+class Runner:
+    """One variant's model, optimizer and batch, stepped as train.py steps them (env: its process,
+    device, dtype and DDP or FSDP)."""
+
+    def __init__(self, cfg, env):
+        self.env, self.device, self.device_type = env, env.device, env.device_type
+        self.task = make_task(cfg, env.device, env.rank, env.world)
+        self.cfg = cfg = self.task.cfg
+        seed_all(cfg.seed)
+        self.raw = self.task.model().to(env.device)
+        self.compile = cfg.compile
+        self.model = parallel.parallelize(self.raw, cfg, env)
+        self.optimizer = make_optimizer(self.raw, cfg, env.device_type)
+        self.autocast = env.autocast
+        self.scaler = StepScaler(self.device_type, env.dtype)
+        self.x, self.y = self.task.batch
+
+    def step(self):
+        train_step(self.model, self.optimizer, self.scaler, lambda: (self.x, self.y),
+                   self.cfg.gradient_accumulation_steps // self.env.world, self.cfg.grad_clip, self.autocast,
+                   self.env)
+
+    def time_dynamics(self):
+        """Seconds for one --dynamics measurement, as train.py makes it."""
+        self.sync()
+        t0 = time.perf_counter()
+        diagnostics.dynamics_record(self.raw, self.x, 0)
+        self.sync()
+        return time.perf_counter() - t0
+
+    def time_sampling(self, new_tokens, use_cache):
+        """Generated tokens per second of one GPT.generate call."""
+        self.raw.eval()
+        prompt = torch.zeros(1, 1, dtype=torch.long, device=self.device)
+        generator = torch.Generator(self.device).manual_seed(0)
+        self.sync()
+        t0 = time.perf_counter()
+        with self.autocast:
+            self.raw.generate(prompt, new_tokens, top_k=200, generator=generator, use_cache=use_cache,
+                              compile=self.compile)
+        self.sync()
+        self.raw.train()
+        return new_tokens / (time.perf_counter() - t0)
+
+    def sync(self):
+        if self.device_type == 'cuda':
+            torch.cuda.synchronize(self.device)
+
+    def time(self, steps):
+        """Mean seconds per iteration over `steps` iterations; on CUDA also records the peak
+        memory of this model alone (its weights and optimizer state plus the step's transients)."""
+        self.sync()
+        if self.device_type == 'cuda':
+            torch.cuda.reset_peak_memory_stats(self.device)
+            resident = torch.cuda.memory_allocated(self.device)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            self.step()
+        self.sync()
+        if self.device_type == 'cuda':
+            own = sum(t.numel() * t.element_size() for t in self.raw.parameters())
+            own += sum(t.numel() * t.element_size() for o in self.optimizer for s in o.state.values()
+                       for t in s.values() if torch.is_tensor(t))
+            self.peak_memory = max(getattr(self, 'peak_memory', 0),
+                                   torch.cuda.max_memory_allocated(self.device) - resident + own)
+        return (time.perf_counter() - t0) / steps
+
+
+@errors.entry
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('config', nargs='*', help='config files and --key=value overrides, as for train.py')
+    p.add_argument('--variants', default=','.join(variants()), help=f"any of {','.join(variants())} (default: all)")
+    p.add_argument('--steps', type=int, default=20, help='iterations per timed round')
+    p.add_argument('--repeats', type=int, default=7, help='timed rounds per variant')
+    p.add_argument('--warmup', type=int, default=5, help='untimed iterations per variant first')
+    p.add_argument('--compile', action='store_true', help='torch.compile each model')
+    p.add_argument('--peak_tflops', type=float, default=None, help='device peak for MFU (default: a table for known GPUs)')
+    p.add_argument('--profile', default=None, help='write a torch profiler trace of each variant to this folder')
+    p.add_argument('--dynamics', action='store_true',
+                   help="also time train.py's --dynamics measurement against dynamics_interval steps")
+    p.add_argument('--sample', action='store_true', help='time generation with and without the KV cache instead')
+    p.add_argument('--sample_tokens', type=int, default=500, help='new tokens per timed generation')
+    p.add_argument('--rules', action='store_true', help='time each update rule and Q/K/V map alone instead')
+    args, rest = p.parse_known_args(argv)
+    base = configure.load(args.config + rest)
+    known = variants()
+    unknown = [v for v in args.variants.split(',') if v not in known]
+    if unknown:
+        raise UserError(f"unknown variant(s) {unknown}; choose from {', '.join(known)}")
+    base = replace(base, compile=args.compile)
+    env = parallel.setup(base)
+    try:
+        bench(base, env, args)
+    finally:
+        parallel.teardown(env)
+
+
+def bench(base, env, args):
+    if args.rules:
+        return bench_rules(base, env.device, args)
+    if args.sample and env.fsdp:
+        raise UserError("--sample times generation with one process's whole model; use --parallel=ddp")
+    known = variants()
+    runners = {v: Runner(replace(base, **known[v]), env) for v in args.variants.split(',')}
+    if args.sample:
+        return bench_sampling(runners, args)
+    times = time_steps(runners, args)
+    if args.profile:
+        for v, r in runners.items():
+            profile(r, os.path.join(args.profile, v))
+    if env.master:
+        step_table(runners, times, args)
+    if args.dynamics and env.master:
+        print(f"\n| variant | one dynamics measurement, ms | overhead at dynamics_interval={base.dynamics_interval} |")
+        print("|---|---|---|")
+        for v, r in runners.items():
+            dyn = median([r.time_dynamics() for _ in range(args.repeats)])
+            print(f"| {v} | {dyn * 1e3:.1f} | {dyn / (base.dynamics_interval * median(times[v])):.2%} |")
+
+
+def time_steps(runners, args):
+    """{variant: seconds per iteration in each round}: warmup, then interleaved rounds."""
+    for r in runners.values():
+        for _ in range(args.warmup):
+            r.step()
+    times = {v: [] for v in runners}
+    for _ in range(args.repeats):
+        for v, r in runners.items():
+            times[v].append(r.time(args.steps))
+    return times
+
+
+def step_table(runners, times, args):
+    first = next(iter(runners))
+    r0 = runners[first]
+    c, peak = r0.task.cfg, peak_flops(r0.device, args.peak_tflops)
+    shape = f"block {c.block_size}" if r0.task.unit == 'tok' else f"{c.image_size}px images in {c.patch_size}px patches"
+    print(f"{r0.device}, {r0.env.dtype}, {torch.get_num_threads()} threads, compile={args.compile}, "
+          f"{r0.env.world} process(es){', FSDP' if r0.env.fsdp else ''}; batch {c.batch_size} x {shape} x accum "
+          f"{c.gradient_accumulation_steps}, {c.n_layer} layers x {c.n_embd}; median of {args.repeats} interleaved "
+          f"rounds of {args.steps} iterations")
+    print(f"| variant | ms/iter (median) | spread (min-max) | {r0.task.unit}/s | MFU | peak memory | vs {first} |")
+    print("|---|---|---|---|---|---|---|")
+    for v, r in runners.items():
+        ts = sorted(times[v])
+        med, items = median(ts), r.task.items_per_iter
+        mfu = f"{r.task.flops_per_item(r.raw) * items / med / peak:.1%}" if peak else '-'
+        mem = (f"{r.peak_memory / 2**30:.2f} GiB" if r.device_type == 'cuda' else
+               f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB (process)")
+        print(f"| {v} | {med * 1e3:.1f} | {ts[0] * 1e3:.1f}-{ts[-1] * 1e3:.1f} | {items / med:,.0f} | "
+              f"{mfu} | {mem} | {paired_overhead(times[v], times[first]) * 100:+.1f}% |")
+
+
+def profile(runner, path, steps=3, top=15):
+    """A torch.profiler trace of `steps` iterations to PATH.json, and PATH.md: the top kernels (on
+    a CPU, operators) by their own time, with their share of the whole."""
+    os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
+    cuda = runner.device_type == 'cuda'
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    with torch.profiler.profile(activities=activities) as prof:
+        runner.time(steps)
+    prof.export_chrome_trace(path + '.json')
+    own = (lambda e: e.self_device_time_total) if cuda else (lambda e: e.self_cpu_time_total)
+    events = sorted((e for e in prof.key_averages() if own(e) > 0), key=own, reverse=True)
+    total = sum(own(e) for e in events)
+    lines = [f"{'kernels' if cuda else 'operators'} of {steps} steps by own {'GPU' if cuda else 'CPU'} time "
+             f"({total / 1e3 / steps:.1f} ms a step)", "",
+             f"| {'kernel' if cuda else 'operator'} | calls | ms a step | share |", "|---|---|---|---|"]
+    lines += [f"| `{e.key[:80]}` | {e.count // steps} | {own(e) / 1e3 / steps:.2f} | {own(e) / total:.1%} |"
+              for e in events[:top]]
+    with open(path + '.md', 'w') as f:
+        f.write('\n'.join(lines) + '\n')
+    print(f"wrote {path}.json (chrome://tracing or ui.perfetto.dev) and {path}.md:\n" + '\n'.join(lines))
+
+
+def bench_sampling(runners, args):
+    if any(r.task.unit != 'tok' for r in runners.values()):
+        raise UserError("--sample times text generation; give a language-model config")
+    warmup = args.sample_tokens if args.compile else 8  # compiled: past every window move, as timed
+    # GPT.forward's compiled variants are guarded on the model; one model's decoding makes about
+    # five (cached at the first and at later positions, uncached per prompt length and window
+    # stride), so the default limit of 8 would send the later models back to eager mode
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 8 * len(runners))
+    for r in runners.values():
+        r.time_sampling(warmup, True), r.time_sampling(warmup, False)
+    rates = {(v, c): [] for v in runners for c in (True, False)}
+    for _ in range(args.repeats):
+        for v, r in runners.items():
+            for c in (True, False):
+                rates[v, c].append(r.time_sampling(args.sample_tokens, c))
+    first = next(iter(runners.values()))
+    c = first.cfg
+    print(f"{first.device}, {torch.get_num_threads()} threads, compile={args.compile}; {c.n_layer} layers x {c.n_embd}, "
+          f"block {c.block_size}; {args.sample_tokens} new tokens after a 1-token prompt, batch 1, window shift "
+          f"{first.raw.window_shift()}; median of {args.repeats} interleaved rounds")
+    print("| variant | tokens/s, KV cache | tokens/s, no cache | speed-up |")
+    print("|---|---|---|---|")
+    for v in runners:
+        med = {k: median(rates[v, k]) for k in (True, False)}
+        print(f"| {v} | {med[True]:,.0f} | {med[False]:,.0f} | {med[True] / med[False]:.1f}x |")
+
+
+def bench_rules(cfg, device, args):
+    """Microseconds per forward + backward of each piece alone, median of interleaved rounds."""
+    shape, d = (cfg.batch_size, cfg.block_size, cfg.n_embd), cfg.n_embd
+    x, u, g = (torch.randn(shape, device=device, requires_grad=i < 2) for i in range(3))
+    w = torch.randn(3 * d, d, device=device).mul_(0.02).requires_grad_()
+    ws = torch.randn(cfg.n_layer, 3 * d, d, device=device).mul_(0.02).requires_grad_()  # as batched_maps stacks them
+    pieces = {f'{name} update': (lambda r=rule.from_config(replace(cfg, residual=name), 0, True).to(device):
+                                 r(x, u).backward(g)) for name, rule in RESIDUALS.items()}
+    for kind in (k for k, f in QKV_MAPS.items() if f is not None):
+        pieces[f'{kind} Q/K/V map, one layer'] = lambda m=OrthogonalQKV(kind): m(w).sum().backward()
+        pieces[f'{kind} Q/K/V maps, {cfg.n_layer} layers batched'] = lambda m=OrthogonalQKV(kind): m(ws).sum().backward()
+    sync = torch.cuda.synchronize if device.startswith('cuda') else (lambda: None)
+    times = {k: [] for k in pieces}
+    for _ in range(args.repeats):
+        for k, f in pieces.items():
+            f()
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(args.steps):
+                f()
+            sync()
+            times[k].append((time.perf_counter() - t0) / args.steps)
+    print(f"{device}, {torch.get_num_threads()} threads; update rules on {shape} float32 tensors, maps of "
+          f"(3 x {d} x {d}); median of {args.repeats} interleaved rounds of {args.steps}")
+    print("| piece | forward + backward, us | spread (min-max) |")
+    print("|---|---|---|")
+    for k, ts in times.items():
+        ts.sort()
+        print(f"| {k} | {median(ts) * 1e6:,.0f} | {ts[0] * 1e6:,.0f}-{ts[-1] * 1e6:,.0f} |")
+
+
+if __name__ == '__main__':
+    main()

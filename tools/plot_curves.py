@@ -1,0 +1,36 @@
+"""Validation curves of runs, from their log.jsonl, in one figure (drawn as tools/compare.py draws them).
+
+    python tools/plot_curves.py out-shakespeare-add out-shakespeare-rot --out out-plots/curves.png
+    python tools/plot_curves.py docs/h100_shakespeare/*.jsonl --out out-plots/h100_shakespeare.png
+
+Each argument is a run's out_dir or a copy of its log.jsonl; the legend names it by its folder
+or file name. A run with no evaluation logged is skipped with a message.
+"""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
+from orthogpt import errors, logs, plots  # noqa: E402
+
+
+@errors.entry
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('runs', nargs='+', help="out_dir of each run, or its log.jsonl")
+    p.add_argument('--out', default='out-plots/curves.png', help='the PNG to write')
+    args = p.parse_args(argv)
+    groups = {}
+    for run in args.runs:
+        evals = logs.evaluations(logs.read(run))
+        if not evals:
+            print(f"{run}: no evaluation logged, skipped")
+            continue
+        groups[os.path.basename(os.path.normpath(run)).removesuffix('.jsonl')] = [evals]
+    os.makedirs(os.path.dirname(args.out) or '.', exist_ok=True)
+    plots.curves(groups, args.out)
+
+
+if __name__ == '__main__':
+    main()
