@@ -324,7 +324,9 @@ class BlockConfig:
     dropout: float = 0.0  # dropout on attention weights, branch outputs and embeddings
     bias: bool = False  # bias in Linear layers and LayerNorm
     norm: Literal['layernorm', 'rmsnorm'] = 'layernorm'  # pre-norm type (none with a norm-keeping rule)
-    activation: Literal['gelu', 'gelu_tanh', 'relu'] = 'gelu'  # the MLP's; gelu_tanh: GPT-2's approximation
+    activation: Literal['gelu', 'gelu_tanh', 'relu'] = 'gelu'  # the standard MLP's; gelu_tanh: GPT-2's approximation
+    mlp: Literal['standard', 'gated'] = 'standard'  # 'gated': u * SiLU(v), u and v from one matrix twice as wide
+    mlp_ratio: float | None = None  # the MLP's hidden width / n_embd; None: 4, or 8/3 gated (the same parameters)
     residual: str = field(default='additive', metadata={'choices': RESIDUALS})  # the update rule
     options: object = field(default_factory=dict)  # the rule's own keys: its Options, or a dict of them
     qkv: str = field(default='dense', metadata={'choices': QKV_MAPS})  # [OViT] Sec. 3: Q/K/V weights dense or orthogonal
@@ -340,6 +342,8 @@ class BlockConfig:
         for key, choices in ((f.name, f.metadata['choices']) for f in fields(self) if 'choices' in f.metadata):
             if getattr(self, key) not in choices:
                 raise ValueError(f"{key}={getattr(self, key)!r} is not one of {' | '.join(map(repr, choices))}")
+        if self.mlp_ratio is not None and not self.mlp_ratio > 0:
+            raise ValueError(f"mlp_ratio={self.mlp_ratio} must be positive")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; "
                              f"choose n_head among {[h for h in range(1, 17) if self.n_embd % h == 0]}")
@@ -390,6 +394,11 @@ class GPTConfig(BlockConfig):
 
 # ----------------------------------------------------------------------------- 4. Block
 
+def raw(linear):
+    """The weight a Linear's optimizer steps: its raw W where a Q/K/V map reads one, else its weight."""
+    return linear.parametrizations.weight.original if parametrize.is_parametrized(linear) else linear.weight
+
+
 def make_norm(cfg, keeps_norm):
     if keeps_norm:  # [OT] "Experiments": the stream is already on the sphere
         return nn.Identity()
@@ -405,6 +414,7 @@ class SelfAttention(nn.Module):
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
         if QKV_MAPS[cfg.qkv] is not None:
             parametrize.register_parametrization(self.c_attn, 'weight', OrthogonalQKV(cfg.qkv))
+        raw(self.c_attn).stack = 3  # Q's, K's and V's matrices (or raw W): Muon orthogonalises each alone
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.resid_dropout = nn.Dropout(cfg.dropout)
         self.n_head, self.dropout, self.causal = cfg.n_head, cfg.dropout, causal
@@ -433,27 +443,40 @@ class SelfAttention(nn.Module):
         return self.resid_dropout(self.c_proj(y))
 
 
+def mlp_width(cfg):
+    """The MLP's hidden width: mlp_ratio x n_embd, by default 4 x n_embd, or for the gated MLP,
+    whose first matrix is twice as wide, 8/3 x n_embd: the standard MLP's parameters."""
+    ratio = cfg.mlp_ratio if cfg.mlp_ratio is not None else 8 / 3 if cfg.mlp == 'gated' else 4
+    return round(ratio * cfg.n_embd)
+
+
 class MLP(nn.Module):
-    """Linear -> activation -> Linear, 4x wide; with `normalized`, [nGPT] Sec. 2.4.2's gated form,
-    SiLU(v s_v sqrt(d)) * u s_u, with u and v from one Linear twice as wide."""
+    """Linear -> activation -> Linear ('standard'), or the gated form u * SiLU(v) with u and v from
+    one Linear twice as wide ('gated', the SwiGLU of nGPT's MLP). With `normalized`, [nGPT] Sec.
+    2.4.2's scaling: u s_u and v s_v sqrt(d) (Eq. 20-21); the standard MLP's one input takes
+    v's (our extension of the paper, whose MLP is gated)."""
 
     def __init__(self, cfg, normalized):
         super().__init__()
-        self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd * (2 if normalized else 1), bias=cfg.bias)
+        hidden, self.gated = mlp_width(cfg), cfg.mlp == 'gated'
+        self.c_fc = nn.Linear(cfg.n_embd, hidden * (2 if self.gated else 1), bias=cfg.bias)
+        self.c_fc.weight.stack = 2 if self.gated else 1  # u's and v's matrices: Muon orthogonalises each alone
         approximate = 'tanh' if cfg.activation == 'gelu_tanh' else 'none'
-        self.act = nn.SiLU() if normalized else nn.ReLU() if cfg.activation == 'relu' else nn.GELU(approximate=approximate)
-        self.s_uv = ScaleVector(8 * cfg.n_embd, 1.0, 1.0) if normalized else None
-        self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.act = (nn.SiLU() if self.gated else nn.ReLU() if cfg.activation == 'relu' else
+                    nn.GELU(approximate=approximate))
+        self.s_uv = ScaleVector(self.c_fc.out_features, 1.0, 1.0) if normalized else None
+        self.c_proj = nn.Linear(hidden, cfg.n_embd, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x):  # (..., C)
         # on the 2-D view: of a 3-D ReLU, inductor saves a bool mask, slow to store on a CPU
-        h = self.c_fc(x.flatten(0, -2))  # (N, 4C), gated: (N, 8C)
-        if self.s_uv is None:
-            h = self.act(h)
-        else:
-            u, v = (h * self.s_uv()).chunk(2, dim=-1)
-            h = u * self.act(v * math.sqrt(x.shape[-1]))
+        h = self.c_fc(x.flatten(0, -2))  # (N, hidden), gated: (N, 2 hidden)
+        if self.s_uv is not None:
+            h = h * self.s_uv()
+        u, v = h.chunk(2, dim=-1) if self.gated else (None, h)
+        if self.s_uv is not None:
+            v = v * math.sqrt(x.shape[-1])
+        h = self.act(v) if u is None else u * self.act(v)
         return self.dropout(self.c_proj(h)).view_as(x)
 
 
@@ -485,15 +508,14 @@ class Block(nn.Module):
     def init_weights(self, cfg):
         """'gpt2': N(0, 0.02), output projections N(0, 0.02/sqrt(2 n_layer)) (GPT-2 paper).
         'sigma' ([OT] "Experiments"): Q, K ~ N(0, sigma_qk^2/d); V, attention out-proj and the
-        MLP's first matrix ~ N(0, sigma_w^2/d); the MLP's second ~ N(0, 2 sigma_w^2/(4d)), the 2
-        compensating ReLU's halving of the variance. Under a Cayley/exp map this initialises
+        MLP's first matrix ~ N(0, sigma_w^2/d); the MLP's second ~ N(0, 2 sigma_w^2/h) for its hidden
+        width h (4d), the 2 compensating ReLU's halving of the variance. Under a Cayley/exp map this initialises
         the raw W the map reads."""
         d = cfg.n_embd
         for lin in (self.attn.c_attn, self.attn.c_proj, self.mlp.c_fc, self.mlp.c_proj):
             if lin.bias is not None:
                 lin.bias.zero_()
-        c_attn = self.attn.c_attn
-        qkv = c_attn.parametrizations.weight.original if parametrize.is_parametrized(c_attn) else c_attn.weight
+        qkv = raw(self.attn.c_attn)
         if cfg.init == 'gpt2':
             for w in (qkv, self.mlp.c_fc.weight):
                 w.normal_(0.0, 0.02)
@@ -504,7 +526,7 @@ class Block(nn.Module):
             qkv[2 * d:].normal_(0.0, cfg.sigma_w / math.sqrt(d))
             self.attn.c_proj.weight.normal_(0.0, cfg.sigma_w / math.sqrt(d))
             self.mlp.c_fc.weight.normal_(0.0, cfg.sigma_w / math.sqrt(d))
-            self.mlp.c_proj.weight.normal_(0.0, cfg.sigma_w * math.sqrt(2 / (4 * d)))
+            self.mlp.c_proj.weight.normal_(0.0, cfg.sigma_w * math.sqrt(2 / self.mlp.c_proj.in_features))
 
 
 # ----------------------------------------------------------------------------- 5. Trunk, GPT, ViT

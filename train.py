@@ -35,7 +35,7 @@ from orthogpt import checkpoint, diagnostics, errors, hf, parallel, resume, shar
 from orthogpt.errors import UserError
 from orthogpt.estimate import check_cpu_run, format_time
 from orthogpt.logs import RunLog
-from orthogpt.optim import NonFinite, StepScaler, get_lr, make_optimizer, oom_advice, train_step
+from orthogpt.optim import NonFinite, StepScaler, make_optimizer, oom_advice, schedule, train_step
 from orthogpt.rng import rng_state, seed_all, set_rng_state
 from orthogpt.signals import Interrupt, Interrupted
 from orthogpt.tasks import make_task
@@ -81,7 +81,7 @@ def train(cfg, env, argv, given):
     names = {p: n for n, p in raw_model.named_parameters()}
     nonfinite = NonFinite([names[p] for g in optimizer.param_groups for p in g['params']], env.device)
     log = RunLog(cfg, env.master, start_iter)
-    announce(cfg, env, task, raw_model, run, log, pretrained is not None)
+    announce(cfg, env, task, raw_model, optimizer, run, log, pretrained is not None)
     if env.device_type == 'cpu' and not env.fsdp and not cfg.eval_only:
         evals = sum(evaluates_at(i, cfg, run) for i in range(start_iter, cfg.max_iters + 1))
         check_cpu_run(cfg, env, task, raw_model, argv, cfg.max_iters - start_iter, evals)
@@ -113,8 +113,7 @@ def train(cfg, env, argv, given):
                 t_last, since = time.perf_counter(), 0
             if it >= cfg.max_iters:
                 break
-            lr = get_lr(it, cfg, run['schedule_start'])
-            optimizer.set_lr(lr / cfg.learning_rate)
+            lr = schedule(optimizer, it, cfg, run['schedule_start'])
             try:
                 loss, grad_norms = train_step(model, optimizer, scaler, task.next_batch,
                                               cfg.gradient_accumulation_steps // env.world, cfg.grad_clip,
@@ -227,7 +226,7 @@ def restore(ckpt, cfg, env, task, raw_model, optimizer, scaler):
     return run
 
 
-def announce(cfg, env, task, raw_model, run, log, pretrained):
+def announce(cfg, env, task, raw_model, optimizer, run, log, pretrained):
     """What rank 0 says and records before the first step: the config, the model, the resumption."""
     if not env.master:
         return
@@ -236,8 +235,12 @@ def announce(cfg, env, task, raw_model, run, log, pretrained):
             json.dump(asdict(cfg), f, indent=1)
     if pretrained:
         print(f"starting from the weights of {cfg.init_from}")
-    print(f"{raw_model.num_params() / 1e6:.2f}M parameters, residual={cfg.residual}, qkv={cfg.qkv}; "
+    print(f"{raw_model.num_params():,} parameters, residual={cfg.residual}, qkv={cfg.qkv}, mlp={cfg.mlp}; "
           f"{task.items_per_iter:,} {task.unit} per iteration; {env.world} process(es) on {env.device}, {env.dtype}")
+    names = {p: n for n, p in raw_model.named_parameters()}
+    print('\n'.join('  ' + line for line in optimizer.summary(names)))
+    if run['iter_num'] == 0 and not cfg.eval_only:
+        log.write({'iter': 0, 'event': 'start', 'parameters': raw_model.num_params()})
     if run['history'] and run['history'][-1]['iter'] == run['iter_num']:
         log.write({'iter': run['iter_num'], 'event': 'resume', **run['history'][-1]})
 

@@ -6,5 +6,7 @@ from config.shakespeare_char import *  # noqa: F401,F403  (the Orthogonal Transf
 
 out_dir = 'out-shakespeare-ngpt'
 residual = 'ngpt'
+mlp = 'gated'  # the paper's MLP (Sec. 2.4.2, Table 2): u * SiLU(v) with s_u, s_v, 4 x n_embd wide
+mlp_ratio = 4.0
 weight_decay = 0.0
 warmup_iters = 0

@@ -4,7 +4,7 @@
 # 1024, AdamW lr 1e-3 betas (0.9, 0.999) weight decay 1e-4, cosine with 10 warmup epochs,
 # random crop (pad 4), horizontal flip, mixup 0.8 / cutmix 1.0, label smoothing 0.1, random
 # erasing 0.25. Not implemented here, so left out: the paper's colour jitter and RandAugment (9, 5).
-# Not given by the paper: min_lr 1e-5 (DeiT's), no gradient clipping, no dropout.
+# Not given by the paper: a floor of lr/100 (DeiT's 1e-5), no gradient clipping, no dropout.
 dataset = 'cifar10'
 n_layer = 6
 n_head = 6
@@ -19,7 +19,7 @@ label_smoothing = 0.1
 batch_size = 1024
 gradient_accumulation_steps = 1
 learning_rate = 1e-3
-min_lr = 1e-5
+min_lr_ratio = 0.01
 beta1 = 0.9
 beta2 = 0.999
 weight_decay = 1e-4

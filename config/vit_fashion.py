@@ -19,7 +19,7 @@ label_smoothing = 0.1
 # ~5.5 epochs: with few epochs the model underfits, so no crops, mixup or erasing; flips only
 batch_size = 128
 learning_rate = 3e-3
-min_lr = 3e-5
+min_lr_ratio = 0.01
 beta1 = 0.9
 beta2 = 0.999
 weight_decay = 0.05

@@ -52,7 +52,7 @@ class Config(GPTConfig, ViTConfig):
     erase_prob: float = 0.0  # random erasing, per image
     batch_size: int = 12  # sequences (or images) per micro-step, per process
     gradient_accumulation_steps: int = 1  # micro-steps per optimizer step, summed over all processes
-    # optimizer and learning-rate schedule (linear warmup, cosine decay to min_lr)
+    # optimizer and learning-rate schedule (linear warmup, cosine decay to min_lr_ratio of the peak)
     learning_rate: float = 6e-4  # AdamW's peak learning rate
     max_iters: int = 5000  # optimizer steps of the run
     weight_decay: float = 0.1  # AdamW's decoupled weight decay, on matrices and embeddings only
@@ -60,12 +60,14 @@ class Config(GPTConfig, ViTConfig):
     beta2: float = 0.95  # AdamW's beta2
     optimizer: Literal['adamw', 'muon'] = 'adamw'  # 'muon': torch.optim.Muon for the blocks' matrices, AdamW for the rest
     muon_lr: float = 0.02  # Muon's peak learning rate, scheduled as learning_rate is
+    muon_weight_decay: float | None = None  # Muon's decoupled weight decay (times its learning rate); None: weight_decay
     muon_momentum: float = 0.95  # Muon's momentum
+    muon_momentum_warmup: int = 0  # iterations over which Muon's momentum rises from 0.85 to muon_momentum (0: none)
     grad_clip: float = 1.0  # max global gradient norm; 0 disables
     decay_lr: bool = True  # warmup and cosine decay; False: a constant learning rate
     warmup_iters: int = 100  # iterations of linear warmup
-    lr_decay_iters: int | None = None  # where the cosine reaches min_lr (default: max_iters)
-    min_lr: float | None = None  # the cosine's floor (default: learning_rate / 10)
+    lr_decay_iters: int | None = None  # where the cosine reaches its floor (default: max_iters)
+    min_lr_ratio: float = 0.1  # the cosine's floor as a fraction of the peak, for both optimizers (nanoGPT: 0.1)
     # system
     device: str = 'auto'  # 'auto' (cuda when available), 'cpu', 'cuda', 'cuda:N', 'mps'
     parallel: Literal['ddp', 'fsdp'] = 'ddp'  # under torchrun: a replica per process, or FSDP2's sharded parameters
@@ -83,9 +85,11 @@ class Config(GPTConfig, ViTConfig):
         at_least_one(self, 'batch_size', 'gradient_accumulation_steps', 'eval_interval', 'eval_iters', 'log_interval',
                      'dynamics_interval')
         for key in ('max_iters', 'warmup_iters', 'learning_rate', 'muon_lr', 'weight_decay', 'grad_clip', 'dropout',
-                    'keep_last_n', 'nan_max_skips', 'crop_padding', 'mixup_alpha', 'cutmix_alpha'):
+                    'keep_last_n', 'nan_max_skips', 'crop_padding', 'mixup_alpha', 'cutmix_alpha', 'muon_momentum_warmup'):
             if getattr(self, key) < 0:
                 raise ValueError(f"{key}={getattr(self, key)} must not be negative")
+        if self.muon_weight_decay is not None and self.muon_weight_decay < 0:
+            raise ValueError(f"muon_weight_decay={self.muon_weight_decay} must not be negative")
         if not 0 <= self.dropout < 1:
             raise ValueError(f"dropout={self.dropout} must lie in [0, 1)")
         for key in ('mix_prob', 'mix_switch_prob', 'erase_prob'):
@@ -97,8 +101,8 @@ class Config(GPTConfig, ViTConfig):
         if not self.learning_rate > 0:
             raise ValueError(f"learning_rate={self.learning_rate} must be positive: the schedule scales every "
                              f"group's rate by its fraction of it")
-        if self.min_lr is not None and self.min_lr > self.learning_rate:
-            raise ValueError(f"min_lr={self.min_lr} exceeds learning_rate={self.learning_rate}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"min_lr_ratio={self.min_lr_ratio} must lie in [0, 1]: the floor is that fraction of the peak")
 
 
 MODELS = {'gpt': (GPT, GPTConfig), 'vit': (ViT, ViTConfig)}  # the config value `model` -> its classes
@@ -113,3 +117,4 @@ def model_config(cfg):
 def build_model(cfg):
     """The GPT or ViT a Config describes, initialised."""
     return MODELS[cfg.model][0](model_config(cfg))
+

@@ -3,6 +3,7 @@ it, linear warmup and cosine decay, gradient accumulation, clipping, loss scalin
 a step whose loss or gradients are not finite."""
 
 import math
+import re
 
 import torch
 
@@ -10,11 +11,12 @@ from orthogpt.parallel import local_norms, maps_of, synchronising, unwrapped
 
 
 def get_lr(it, cfg, start=0):
-    """Linear warmup over warmup_iters from `start` (0, or where the optimizer was reset),
-    then cosine decay to min_lr at lr_decay_iters."""
+    """The learning rate at iteration it: linear warmup over warmup_iters from `start` (0, or where
+    the optimizer was reset), then cosine decay to min_lr_ratio of the peak at lr_decay_iters
+    (default: max_iters); Muon's rate follows the same fraction of its own peak."""
     if not cfg.decay_lr:
         return cfg.learning_rate
-    min_lr = cfg.learning_rate / 10 if cfg.min_lr is None else cfg.min_lr
+    min_lr = cfg.learning_rate * cfg.min_lr_ratio
     decay_iters = (cfg.max_iters if cfg.lr_decay_iters is None else cfg.lr_decay_iters) - start
     it -= start
     if it < cfg.warmup_iters:
@@ -23,6 +25,38 @@ def get_lr(it, cfg, start=0):
         return min_lr
     ratio = (it - cfg.warmup_iters) / (decay_iters - cfg.warmup_iters)
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg.learning_rate - min_lr)
+
+
+def get_momentum(it, cfg, start=0):
+    """Muon's momentum at iteration it: from 0.85 up to muon_momentum over muon_momentum_warmup
+    iterations (modded-nanogpt's records: 0.85 to 0.95 over 300), then muon_momentum."""
+    if not cfg.muon_momentum_warmup:
+        return cfg.muon_momentum
+    frac = min((it - start) / cfg.muon_momentum_warmup, 1.0)
+    return (1 - frac) * min(0.85, cfg.muon_momentum) + frac * cfg.muon_momentum
+
+
+def schedule(optimizer, it, cfg, start=0):
+    """Set every group's learning rate (and Muon's momentum) for iteration it; returns the rate."""
+    lr = get_lr(it, cfg, start)
+    optimizer.set_lr(lr / cfg.learning_rate)
+    optimizer.set_momentum(get_momentum(it, cfg, start))
+    return lr
+
+
+class SplitMuon(torch.optim.Muon):
+    """torch.optim.Muon ([Muon] K. Jordan et al., 2024) on matrices, where a matrix that stacks
+    several (Q, K and V in one (3d, d) weight) is orthogonalised block by block: a param group's
+    `split` = n cuts its matrices into n equal row blocks, each with its own Newton-Schulz step and
+    shape scaling, as the modded-nanogpt records treat Q, K and V. The blocks are views: the
+    update lands in the stacked weight and its one momentum buffer."""
+
+    def _init_group(self, group, params, grads, bufs):
+        first = len(params)
+        has_complex = super()._init_group(group, params, grads, bufs)
+        for found in (params, grads, bufs):
+            found[first:] = [block for t in found[first:] for block in t.chunk(group['split'])]
+        return has_complex
 
 
 class Optimizers:
@@ -44,6 +78,22 @@ class Optimizers:
         """Each group at its base learning rate times fraction (the schedule's)."""
         for group in self.param_groups:
             group['lr'] = group['base_lr'] * fraction
+
+    def set_momentum(self, momentum):
+        """Muon's momentum (the schedule's), if Muon is one of them."""
+        for group in self.named['muon'].param_groups if 'muon' in self.named else ():
+            group['momentum'] = momentum
+
+    def summary(self, names):
+        """Which parameters each optimizer takes, with counts; names: {parameter: its name}."""
+        lines = []
+        for name, o in self.named.items():
+            params = [p for g in o.param_groups for p in g['params']]
+            split = [p for g in o.param_groups if g.get('split', 1) > 1 for p in g['params']]
+            lines.append(f"{name}: {len(params)} tensors, {sum(p.numel() for p in params):,} parameters"
+                         + (f" ({len(split)} stacked weights orthogonalised block by block)" if split else '')
+                         + ": " + ', '.join(sorted({shorten(names[p]) for p in params})))
+        return lines
 
     def zero_grad(self, set_to_none=True):
         for o in self:
@@ -69,24 +119,35 @@ def make_optimizer(model, cfg, device_type):
     """AdamW; weight decay on matrices and embeddings, none on gains and biases, nor on the raw W
     behind orthogonal Q/K/V (decaying it pulls Q, K, V towards the identity, not towards zero).
     Fused where PyTorch has the kernel (CUDA, CPU): one kernel for all parameters, and the
-    scaler's skip of a non-finite step stays on the device. With optimizer='muon', Muon takes the
-    blocks' 2-D matrices (attention and MLP weights, the raw W behind Q/K/V maps) at muon_lr with
-    the same weight decay; AdamW keeps the embeddings, head, gains, biases and scaling vectors."""
+    scaler's skip of a non-finite step stays on the device. With optimizer='muon', Muon (SplitMuon)
+    takes the blocks' 2-D matrices (attention and MLP weights, the raw W behind Q/K/V maps), each
+    matrix of a stacked weight alone, at muon_lr with muon_weight_decay; AdamW keeps the
+    embeddings, head, gains, biases and scaling vectors."""
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     muon = [(n, p) for n, p in params if cfg.optimizer == 'muon' and n.startswith('blocks.') and p.dim() == 2]
     rest = [(n, p) for n, p in params if not any(p is q for _, q in muon)]
 
-    def groups(named, lr):
-        decay = [p for n, p in named if p.dim() >= 2 and '.parametrizations.' not in n]
-        no_decay = [p for n, p in named if p.dim() < 2 or '.parametrizations.' in n]
-        return [{'params': decay, 'weight_decay': cfg.weight_decay, 'base_lr': lr},
-                {'params': no_decay, 'weight_decay': 0.0, 'base_lr': lr}]
-    adamw = torch.optim.AdamW(groups(rest, cfg.learning_rate), lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2),
-                              fused=device_type in ('cuda', 'cpu'))
+    def groups(named, lr, weight_decay):
+        decayed = [(n, p) for n, p in named if p.dim() >= 2 and '.parametrizations.' not in n]
+        kept = [(n, p) for n, p in named if not any(p is q for _, q in decayed)]
+        found = {}
+        for (decay, members) in ((weight_decay, decayed), (0.0, kept)):
+            for _, p in members:
+                found.setdefault((decay, getattr(p, 'stack', 1)), []).append(p)
+        return [{'params': ps, 'weight_decay': decay, 'base_lr': lr, 'split': split}
+                for (decay, split), ps in found.items()]
+    adamw = torch.optim.AdamW(groups(rest, cfg.learning_rate, cfg.weight_decay), lr=cfg.learning_rate,
+                              betas=(cfg.beta1, cfg.beta2), fused=device_type in ('cuda', 'cpu'))
     if not muon:
         return Optimizers(adamw=adamw)
-    return Optimizers(adamw=adamw, muon=torch.optim.Muon(groups(muon, cfg.muon_lr), lr=cfg.muon_lr,
-                                                         momentum=cfg.muon_momentum))
+    wd = cfg.weight_decay if cfg.muon_weight_decay is None else cfg.muon_weight_decay
+    return Optimizers(adamw=adamw, muon=SplitMuon(groups(muon, cfg.muon_lr, wd), lr=cfg.muon_lr,
+                                                  momentum=cfg.muon_momentum))
+
+
+def shorten(name):
+    """A parameter's name with its block index dropped: blocks.3.attn.c_proj.weight -> attn.c_proj.weight."""
+    return re.sub(r'^blocks\.\d+\.', '', name)
 
 
 class StepScaler(torch.amp.GradScaler):

@@ -29,7 +29,7 @@ from model import RESIDUALS  # noqa: E402
 from orthogpt import checkpoint, diagnostics, errors, progress  # noqa: E402
 from orthogpt.device import resolve_device  # noqa: E402
 from orthogpt.errors import UserError  # noqa: E402
-from orthogpt.optim import StepScaler, get_lr, make_optimizer, train_step  # noqa: E402
+from orthogpt.optim import StepScaler, make_optimizer, schedule, train_step  # noqa: E402
 from orthogpt.rng import seed_all  # noqa: E402
 from orthogpt.tasks import make_task  # noqa: E402
 
@@ -45,7 +45,7 @@ def build(cfg, step, ckpt_path):
     device_type = device.split(':')[0]
     optimizer, scaler = make_optimizer(model, task.cfg, device_type), StepScaler(device_type, 'float32')
     for it in range(step):
-        optimizer.set_lr(get_lr(it, task.cfg) / task.cfg.learning_rate)
+        schedule(optimizer, it, task.cfg)
         train_step(model, optimizer, scaler, task.next_batch, task.cfg.gradient_accumulation_steps,
                    task.cfg.grad_clip, nullcontext())
     return model, task

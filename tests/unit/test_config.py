@@ -71,7 +71,7 @@ def test_shakespeare_variants_differ_only_in_their_rule():
     ('--n_head=0', 'n_head=0 must be at least 1'),
     ('--learning_rate=nan', 'learning_rate=nan must be a finite number'),
     ('--beta2=1.0', r'beta2=1.0 must lie in \[0, 1\)'),
-    ('--min_lr=1.0', 'min_lr=1.0 exceeds learning_rate'),
+    ('--min_lr_ratio=1.5', r'min_lr_ratio=1.5 must lie in \[0, 1\]'),
     ('--residual=orthogonal --ortho_eps=-1e-6', 'ortho_eps=-1e-06 must not be negative'),  # the rule's own check
 ])
 def test_bad_overrides(arg, expected):
@@ -81,10 +81,10 @@ def test_bad_overrides(arg, expected):
 
 def test_override_types():
     cfg = configure.load(['--dropout=0', '--compile=False', '--ortho_layers=0,1', '--wandb_run_name=None',
-                          '--out_dir=out x', '--min_lr=2e-5', '--sigma_w=1', '--residual=orthogonal'])
+                          '--out_dir=out x', '--min_lr_ratio=0', '--sigma_w=1', '--residual=orthogonal'])
     assert cfg.dropout == 0.0 and isinstance(cfg.dropout, float)
     assert cfg.compile is False and cfg.options.ortho_layers == (0, 1) and cfg.wandb_run_name is None
-    assert cfg.out_dir == 'out x' and cfg.min_lr == 2e-5 and cfg.sigma_w == 1.0
+    assert cfg.out_dir == 'out x' and cfg.min_lr_ratio == 0.0 and cfg.sigma_w == 1.0
     assert configure.load(['--residual=orthogonal', '--ortho_layers=None']).options.ortho_layers is None
 
 

@@ -1,8 +1,6 @@
 """GPT-2 weights in, Hugging Face folders out, and HellaSwag scoring: offline, on tiny models that
 the tests write themselves (transformers is a test dependency; the hub is monkeypatched)."""
 
-import json
-import os
 
 import pytest
 import torch

@@ -261,3 +261,35 @@ def test_generation_maps_orthogonal_weights_once(monkeypatch, gpt_config):
     monkeypatch.setattr(torch.linalg, 'inv_ex', lambda *a, **k: calls.append(a[0].shape) or inv_ex(*a, **k))
     model.generate(torch.zeros(1, 2, dtype=torch.long), 30)
     assert calls == [(3 * model.config.n_layer, 16, 16)]  # every layer's maps in one batched call, before the first token
+
+
+def test_the_gated_mlp_matches_the_standard_ones_parameters_unless_asked_for_4d(gpt_config):
+    """'gated' is u * SiLU(v), u and v from one matrix; by default 8/3 x n_embd wide, so that its three
+    matrices hold what the standard MLP's two do (to the rounding of the width)."""
+    d = 48
+    count = lambda **kw: sum(p.numel() for p in GPT(gpt_config(n_embd=d, **kw)).blocks[0].mlp.parameters())  # noqa: E731
+    standard, gated, wide = count(), count(mlp='gated'), count(mlp='gated', mlp_ratio=4.0)
+    assert standard == 2 * d * 4 * d and gated == 3 * d * 128 and abs(gated / standard - 1) < 0.01
+    assert wide == 3 * d * 4 * d  # nGPT's: 4 x n_embd, half as many parameters again
+    mlp = GPT(gpt_config(n_embd=d, mlp='gated')).double().blocks[0].mlp
+    x = torch.randn(3, 5, d, dtype=torch.float64)
+    u, v = (x @ mlp.c_fc.weight.T).chunk(2, dim=-1)
+    torch.testing.assert_close(mlp(x), (u * torch.nn.functional.silu(v)) @ mlp.c_proj.weight.T, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize('mlp', ['standard', 'gated'])
+def test_ngpt_scales_its_mlp_as_the_paper_with_either_mlp(gpt_config, mlp):
+    """[nGPT] Eq. 20-21: u s_u and v s_v sqrt(d) before SiLU(v) (gated); the standard MLP's one input
+    takes v's scaling, before its activation."""
+    d = 16
+    block = GPT(gpt_config(residual='ngpt', mlp=mlp, activation='gelu', tie_weights=False)).double().blocks[0]
+    with torch.no_grad():
+        block.mlp.s_uv.weight.uniform_(0.5, 2.0)
+    x = torch.randn(4, d, dtype=torch.float64)
+    h = (x @ block.mlp.c_fc.weight.T) * block.mlp.s_uv()
+    if mlp == 'gated':
+        u, v = h.chunk(2, dim=-1)
+        hidden = u * torch.nn.functional.silu(v * math.sqrt(d))
+    else:
+        hidden = torch.nn.functional.gelu(h * math.sqrt(d))
+    torch.testing.assert_close(block.mlp(x), hidden @ block.mlp.c_proj.weight.T, rtol=1e-12, atol=1e-12)

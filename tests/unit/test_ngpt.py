@@ -14,7 +14,7 @@ from orthogpt import optim
 
 
 def tiny(**kw):
-    return GPTConfig(**dict(dict(n_layer=3, n_head=2, n_embd=16, block_size=16, vocab_size=11, residual='ngpt',
+    return GPTConfig(**dict(dict(n_layer=3, n_head=2, n_embd=16, block_size=16, vocab_size=11, residual='ngpt', mlp='gated', mlp_ratio=4.0,
                                  tie_weights=False), **kw))
 
 

@@ -12,7 +12,7 @@ from orthogpt import optim
 
 
 def test_lr_schedule():
-    cfg = configure.load(['--learning_rate=1.0', '--min_lr=0.1', '--warmup_iters=10', '--max_iters=110'])
+    cfg = configure.load(['--learning_rate=1.0', '--min_lr_ratio=0.1', '--warmup_iters=10', '--max_iters=110'])
     assert optim.get_lr(0, cfg) == pytest.approx(1 / 11)
     assert optim.get_lr(9, cfg) == pytest.approx(10 / 11)
     assert optim.get_lr(10, cfg) == pytest.approx(1.0)
@@ -54,3 +54,64 @@ def test_raw_orthogonal_weights_are_not_decayed():
     decayed = {id(p) for p in opt.param_groups[0]['params']}
     raw = [p for g in opt.param_groups for p in g['params'] if p.shape == (48, 16)]
     assert len(raw) == 2 and not any(id(p) in decayed for p in raw)
+
+
+def test_muon_orthogonalises_q_k_and_v_each_alone():
+    """Q's update depends on Q's gradient alone: changing K's and V's gradient leaves it as it was,
+    where the one (3d, d) matrix of plain Muon mixes them."""
+    d = 8
+    g = torch.randn(3 * d, d)
+    other = g.clone()
+    other[d:] = 5 * torch.randn(2 * d, d)  # K's and V's gradient changed, Q's kept
+
+    def update(grad, split):
+        w = torch.nn.Parameter(torch.zeros(3 * d, d))
+        opt = optim.SplitMuon([{'params': [w], 'split': split}], lr=0.1, weight_decay=0.0)
+        w.grad = grad.clone()
+        opt.step()
+        return w.detach()
+    split, stacked = update(g, 3), update(other, 3)
+    torch.testing.assert_close(split[:d], stacked[:d], rtol=0, atol=0)
+    assert not torch.allclose(update(g, 1)[:d], update(other, 1)[:d], atol=1e-3)
+    # each block is orthogonalised as a d x d matrix: its singular values are near 1 (Newton-Schulz's band)
+    sv = torch.linalg.svdvals(split.view(3, d, d) / -0.1)
+    assert sv.min() > 0.5 and sv.max() < 1.3
+
+
+def test_the_model_marks_its_stacked_weights_and_muon_takes_them_split(gpt_config):
+    for qkv in ('dense', 'cayley'):
+        cfg = configure.load(['--n_layer=2', '--n_head=2', '--n_embd=16', '--vocab_size=11', '--optimizer=muon',
+                              '--mlp=gated', f'--qkv={qkv}'])
+        model = GPT(configure.model_config(cfg))
+        opt = optim.make_optimizer(model, cfg, 'cpu')
+        names = {p: n for n, p in model.named_parameters()}
+        splits = {names[p]: g['split'] for g in opt.named['muon'].param_groups for p in g['params']}
+        assert {n: s for n, s in splits.items() if n.startswith('blocks.0.')} == {
+            f'blocks.0.attn.c_attn.{"parametrizations.weight.original" if qkv != "dense" else "weight"}': 3,
+            'blocks.0.mlp.c_fc.weight': 2, 'blocks.0.attn.c_proj.weight': 1, 'blocks.0.mlp.c_proj.weight': 1}
+        summary = '\n'.join(opt.summary(names))
+        assert 'muon: 8 tensors' in summary and '(4 stacked weights orthogonalised block by block)' in summary
+
+
+def test_muons_momentum_warms_up_and_both_rates_decay_to_the_same_fraction():
+    cfg = configure.load(['--optimizer=muon', '--muon_momentum_warmup=300', '--learning_rate=2e-3', '--muon_lr=0.02',
+                          '--min_lr_ratio=0.1', '--max_iters=1000', '--warmup_iters=0', '--n_layer=1', '--n_head=2',
+                          '--n_embd=16', '--vocab_size=11'])
+    assert [optim.get_momentum(i, cfg) for i in (0, 150, 300, 900)] == pytest.approx([0.85, 0.90, 0.95, 0.95])
+    assert optim.get_momentum(350, cfg, start=200) == pytest.approx(0.90)  # from where the optimizer was reset
+    opt = optim.make_optimizer(GPT(configure.model_config(cfg)), cfg, 'cpu')
+    for it, fraction in ((0, 1.0), (1000, 0.1)):
+        lr = optim.schedule(opt, it, cfg)
+        assert lr == pytest.approx(2e-3 * fraction)
+        assert all(g['lr'] == pytest.approx(0.02 * fraction) for g in opt.named['muon'].param_groups)
+        assert {g['momentum'] for g in opt.named['muon'].param_groups} == {optim.get_momentum(it, cfg)}
+
+
+def test_muon_takes_its_own_weight_decay_and_none_on_the_raw_weights_of_maps():
+    cfg = configure.load(['--optimizer=muon', '--qkv=cayley', '--weight_decay=0.1', '--muon_weight_decay=0.3',
+                          '--n_layer=1', '--n_head=2', '--n_embd=16', '--vocab_size=11'])
+    model = GPT(configure.model_config(cfg))
+    opt = optim.make_optimizer(model, cfg, 'cpu')
+    decay = {p: g['weight_decay'] for o in opt for g in o.param_groups for p in g['params']}
+    assert decay[model.blocks[0].mlp.c_fc.weight] == 0.3 and decay[model.wte.weight] == 0.1
+    assert decay[model.blocks[0].attn.c_attn.parametrizations.weight.original] == 0.0
