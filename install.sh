@@ -27,7 +27,10 @@ elif [[ $(uname -s) != Linux ]]; then
   "$python" -m pip install "torch==$torch_version"
 else
   echo "no NVIDIA GPU: the CPU build of torch $torch_version"
-  if ! "$python" -m pip install --extra-index-url "$cpu_index" --timeout 15 --retries 1 "torch==$torch_version+cpu"; then
+  # pip's own sources first (a wheel folder or mirror it is configured with), quietly: where they
+  # lack it, PyTorch's CPU index, which pip would otherwise ask again for each of torch's needs
+  if ! "$python" -m pip install -q --timeout 15 --retries 1 "torch==$torch_version+cpu" 2>/dev/null &&
+     ! "$python" -m pip install --extra-index-url "$cpu_index" --timeout 15 --retries 1 "torch==$torch_version+cpu"; then
     echo "error: no CPU build of torch $torch_version could be reached ($cpu_index, or pip's configured wheel" >&2
     echo "folders and mirrors). Point pip at one (PIP_FIND_LINKS=DIR or PIP_EXTRA_INDEX_URL=URL), or accept the" >&2
     echo "CUDA build, which also runs on a CPU: $python -m pip install torch==$torch_version; then run this again." >&2

@@ -14,6 +14,9 @@ The papers, cited in docstrings by their short names:
   [OViT] Y. Fei, Y. Liu, X. Wei, M. Chen. "O-ViT: Orthogonal Vision Transformer". arXiv:2201.12133
   [nGPT] I. Loshchilov, C.-P. Hsieh, S. Sun, B. Ginsburg. "nGPT: Normalized Transformer with
          Representation Learning on the Hypersphere". ICLR 2025. arXiv:2410.01131
+  [HC]   D. Zhu et al. (ByteDance Seed). "Hyper-Connections". ICLR 2025. arXiv:2409.19606
+  [mHC]  Z. Xie, Y. Wei, H. Cao, et al. (DeepSeek-AI). "mHC: Manifold-Constrained Hyper-Connections".
+         arXiv:2512.24880, 2025
 """
 
 import json
@@ -65,8 +68,14 @@ class ResidualUpdate(nn.Module):
       normalized    True for the normalized Transformer's architecture ([nGPT] Sec. 2): a unit-
                     norm stream, normalised q and k scaled by s_qk under softmax scale sqrt(d_k),
                     a gated MLP scaled by s_u and s_v, logits scaled by s_z
-      from_config   builds the rule of block `layer` from the config (its options: cfg.options)
+      from_config   builds the rule of residual layer `layer`, counted over sublayers (0 and 1:
+                    block 0's attention and MLP, 2 and 3: block 1's, ...), from the config (its
+                    options: cfg.options)
       after_step    runs after every optimizer step on the model (e.g. to renormalise weights)
+    A rule may keep a wider stream than the branches read and write (Hyper-Connections' n
+    copies): widen makes it from the embeddings, reduce gives the head its features back, read
+    gives a branch its input, and forward writes the branch's output in. By default the stream is
+    the one (..., d) tensor the branches see: all four are the identity.
     """
     keeps_norm = False
     normalized = False
@@ -86,6 +95,17 @@ class ResidualUpdate(nn.Module):
     @classmethod
     def after_step(cls, model):
         pass
+
+    @classmethod
+    def widen(cls, cfg, x):  # (B, T, d) embeddings -> the stream
+        return x
+
+    @classmethod
+    def reduce(cls, cfg, x):  # the stream -> (B, T, d) features for the final norm and head
+        return x
+
+    def read(self, x):  # the stream -> (B, T, d), the branch's input before the block's norm
+        return x
 
 
 @register('additive')
@@ -138,7 +158,7 @@ class OrthogonalUpdate(ResidualUpdate):
     @classmethod
     def from_config(cls, cfg, layer, causal):
         o = cfg.options
-        if o.ortho_prob == 0 or (o.ortho_layers is not None and layer not in o.ortho_layers):
+        if o.ortho_prob == 0 or (o.ortho_layers is not None and layer // 2 not in o.ortho_layers):
             return AdditiveUpdate()
         return cls(o.ortho_mode, o.ortho_eps, o.ortho_prob, causal)
 
@@ -232,6 +252,173 @@ class NormalizedUpdate(ResidualUpdate):
     def forward(self, x, u, cache=None):
         xf, uf = wide(x), wide(u)
         return F.normalize(xf + self.alpha() * (F.normalize(uf, dim=-1) - xf), dim=-1).to(x.dtype)
+
+
+@register('hc')
+class HyperConnection(ResidualUpdate):
+    """Hyper-Connections ([HC] Sec. 2): the stream is n copies H (..., n, d) of the hidden vector
+    (n the expansion rate, hc_rate), mixed by learned weights around each branch T:
+
+        h_0 = A_m^T H                  the branch's input: a weighted sum of the copies   (Eq. 3)
+        H'  = A_r^T H                  the copies mixed with one another                   (Eq. 4)
+        H   <- B^T T(h_0) + H'         the output written into every copy, weighted by B   (Eq. 5)
+
+    with B (n), A_m (n) and A_r (n x n). Static (hc_dynamic=False): learned numbers per layer.
+    Dynamic (the paper's default, DHC, Eq. 10-13): each copy's own coefficients from its
+    normalised vector, H_bar = LayerNorm(H) (Alg. 2), through tanh, scaled by learnable s_alpha
+    (A_m, A_r) and s_beta (B), both starting at 0.01, added to the static ones:
+        B = s_beta tanh(H_bar W_beta) + B_s,   [A_m A_r] = s_alpha tanh(H_bar W_alpha) + [A_m A_r]_s.
+    Widened by n copies of the embeddings, reduced by their sum before the final norm (Alg. 1).
+    The block's own norm reads h_0 (Alg. 3). Initialised as Eq. 14: B = 1, A_m the one-hot of
+    copy (layer mod n), A_r = I, the dynamic weights 0, so that at init every copy is the pre-norm
+    model's stream and the model is the pre-norm additive one. Weight decay on W_alpha and W_beta
+    only, not on the static weights ([HC] Sec. 4). Computed in float32.
+    [HC] D. Zhu et al. "Hyper-Connections". ICLR 2025. arXiv:2409.19606
+    """
+
+    @dataclass
+    class Options:
+        hc_rate: int = 4  # [HC] the expansion rate n: copies of the stream
+        hc_dynamic: bool = True  # [HC] Sec. 2.2: weights predicted from the stream (DHC); False: static (SHC)
+
+    @classmethod
+    def check(cls, cfg):
+        if cfg.options.hc_rate < 1:
+            raise ValueError(f"hc_rate={cfg.options.hc_rate} must be at least 1")
+
+    def __init__(self, d, n, layer, dynamic):
+        super().__init__()
+        self.static_beta = nn.Parameter(torch.ones(n))  # B
+        self.static_alpha = nn.Parameter(torch.cat([F.one_hot(torch.tensor(layer % n), n).float()[:, None],
+                                                    torch.eye(n)], dim=1))  # [A_m | A_r], (n, n + 1)
+        for p in (self.static_beta, self.static_alpha):
+            p.decay = False
+        self.dynamic = dynamic
+        if dynamic:
+            self.norm = nn.LayerNorm(d)
+            self.W_alpha = nn.Parameter(torch.zeros(d, n + 1))
+            self.W_beta = nn.Parameter(torch.zeros(d, 1))
+            self.s_alpha, self.s_beta = nn.Parameter(torch.full((1,), 0.01)), nn.Parameter(torch.full((1,), 0.01))
+
+    @classmethod
+    def from_config(cls, cfg, layer, causal):
+        return cls(cfg.n_embd, cfg.options.hc_rate, layer, cfg.options.hc_dynamic)
+
+    @classmethod
+    def widen(cls, cfg, x):  # (B, T, d) -> (B, T, n, d)
+        return x.unsqueeze(-2).expand(*x.shape[:-1], cfg.options.hc_rate, x.shape[-1])
+
+    @classmethod
+    def reduce(cls, cfg, x):  # (B, T, n, d) -> (B, T, d)
+        return x.sum(-2)
+
+    def weights(self, H):
+        """([A_m A_r] (..., n, n + 1), B (..., n)) for the stream H (..., n, d), in float32."""
+        if not self.dynamic:
+            return self.static_alpha, self.static_beta
+        H_bar = F.layer_norm(H, H.shape[-1:], self.norm.weight.to(H.dtype), self.norm.bias.to(H.dtype))
+        alpha = self.s_alpha * torch.tanh(H_bar @ self.W_alpha.to(H.dtype)) + self.static_alpha
+        beta = self.s_beta * torch.tanh(H_bar @ self.W_beta.to(H.dtype)).squeeze(-1) + self.static_beta
+        return alpha, beta
+
+    def read(self, x):
+        H = wide(x)
+        alpha, _ = self.weights(H)
+        return (alpha[..., 0].unsqueeze(-1) * H).sum(-2).to(x.dtype)  # h_0 = sum_i A_m[i] H_i
+
+    def forward(self, x, u, cache=None):
+        H = wide(x)
+        alpha, beta = self.weights(H)
+        mixed = torch.einsum('...ij,...id->...jd', alpha[..., 1:], H)  # H'_j = sum_i A_r[i, j] H_i
+        return (beta.unsqueeze(-1) * wide(u).unsqueeze(-2) + mixed).to(x.dtype)
+
+
+def sinkhorn(logits, iters):
+    """[mHC] Eq. 9: exp, then `iters` rounds of column then row normalisation, in float32: a doubly
+    stochastic matrix. Rows sum to 1 to float32 rounding (2.4e-7 at most: the row step ends each
+    round); columns only as closely as the rounds bring them. Measured at the paper's 20 rounds on
+    the H_res of an mHC model of the CPU recipe (4 layers x 128, n = 4, lr 2e-3): exact at init,
+    within 2.4e-7 after 100 steps, 5e-4 after 500, 2e-2 after 1000 (its Fig. 8 shows column sums
+    of 0.9x to 1.1x at 27B). The maximum is subtracted first, which changes nothing but keeps exp
+    finite."""
+    m = torch.exp(logits - logits.amax(dim=(-2, -1), keepdim=True).detach())
+    for _ in range(iters):
+        m = m / m.sum(-2, keepdim=True)
+        m = m / m.sum(-1, keepdim=True)
+    return m
+
+
+@register('mhc')
+class ManifoldHyperConnection(HyperConnection):
+    """mHC ([mHC] Sec. 4), Hyper-Connections whose residual mixing is doubly stochastic, with H
+    (..., n, d) the n copies, and, for branch F:
+
+        H <- H_res H + H_post^T F(H_pre H)                                        (Eq. 3)
+
+    Coefficients from the whole flattened stream, per token (Eq. 7): x' = RMSNorm(vec(H)) (n d),
+        H_pre~ = a_pre x' phi_pre + b_pre,  H_post~ = a_post x' phi_post + b_post,
+        H_res~ = a_res mat(x' phi_res) + b_res,
+    then (Eq. 8) H_pre = sigmoid(H_pre~) and H_post = 2 sigmoid(H_post~), non-negative, and
+    H_res = Sinkhorn-Knopp(H_res~), mhc_sinkhorn_iters rounds (20, Eq. 9). The RMSNorm's weight is
+    absorbed in phi (Sec. 4.3.1); coefficients and Sinkhorn in float32 (Eq. 10-19); the gates a
+    start at 0.01 (App. A.1, Table 5). Static (hc_dynamic=False): the biases alone.
+    Initialisation (the paper gives none): phi = 0; b_post = 0, so H_post = 1 (HC's B); b_pre =
+    -log(n - 1), so H_pre = 1/n (the uniform read of its Table 1); b_res 0 on the diagonal and -8
+    off it, so H_res is near I (HC's A_r). Identical copies then stay identical and the branch
+    reads exactly the pre-norm stream: at init the model is the pre-norm additive one.
+    [mHC] Z. Xie et al. "mHC: Manifold-Constrained Hyper-Connections". arXiv:2512.24880
+    """
+
+    @dataclass
+    class Options:
+        hc_rate: int = 4  # [mHC] the expansion rate n: copies of the stream
+        hc_dynamic: bool = True  # [mHC] Eq. 7: coefficients from the stream; False: the static biases alone
+        mhc_sinkhorn_iters: int = 20  # [mHC] Eq. 9: Sinkhorn-Knopp rounds (t_max)
+
+    @classmethod
+    def check(cls, cfg):
+        super().check(cfg)
+        if cfg.options.mhc_sinkhorn_iters < 1:
+            raise ValueError(f"mhc_sinkhorn_iters={cfg.options.mhc_sinkhorn_iters} must be at least 1")
+
+    def __init__(self, d, n, layer, dynamic, iters):
+        nn.Module.__init__(self)
+        self.n, self.dynamic, self.iters = n, dynamic, iters
+        self.b_pre = nn.Parameter(torch.full((n,), -math.log(n - 1) if n > 1 else 10.0))
+        self.b_post = nn.Parameter(torch.zeros(n))
+        self.b_res = nn.Parameter(torch.eye(n) * 8 - 8)
+        for p in (self.b_pre, self.b_post, self.b_res):
+            p.decay = False
+        if dynamic:
+            self.phi = nn.Parameter(torch.zeros(n * d, n * n + 2 * n))  # [phi_pre | phi_post | phi_res]
+            self.a_pre, self.a_post, self.a_res = (nn.Parameter(torch.full((1,), 0.01)) for _ in range(3))
+
+    @classmethod
+    def from_config(cls, cfg, layer, causal):
+        o = cfg.options
+        return cls(cfg.n_embd, o.hc_rate, layer, o.hc_dynamic, o.mhc_sinkhorn_iters)
+
+    def weights(self, H):
+        """(H_pre (..., n), H_post (..., n), H_res (..., n, n)) for the stream H (..., n, d), float32."""
+        n = self.n
+        pre, post, res = self.b_pre, self.b_post, self.b_res
+        if self.dynamic:
+            x = H.flatten(-2)  # (..., n d)
+            z = (x @ self.phi.to(x.dtype)) * torch.rsqrt(x.square().mean(-1, keepdim=True) + 1e-20)  # RMSNorm after phi (Eq. 15-16)
+            pre = self.a_pre * z[..., :n] + pre
+            post = self.a_post * z[..., n:2 * n] + post
+            res = self.a_res * z[..., 2 * n:].unflatten(-1, (n, n)) + res
+        return torch.sigmoid(pre), 2 * torch.sigmoid(post), sinkhorn(res, self.iters)
+
+    def read(self, x):
+        H = wide(x)
+        pre, _, _ = self.weights(H)
+        return (pre.unsqueeze(-1) * H).sum(-2).to(x.dtype)  # sum_j H_pre[j] H_j
+
+    def forward(self, x, u, cache=None):
+        H = wide(x)
+        _, post, res = self.weights(H)
+        return (res @ H + post.unsqueeze(-1) * wide(u).unsqueeze(-2)).to(x.dtype)  # new_i = sum_j H_res[i, j] H_j + ...
 
 
 # ----------------------------------------------------------------------------- 2. orthogonal Q/K/V
@@ -481,21 +668,22 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """x <- update(x, attn(norm(x))); x <- update(x, mlp(norm(x)))."""
+    """x <- update(x, attn(norm(x))); x <- update(x, mlp(norm(x))); a rule with a wider stream
+    hands each branch its own read of it (ResidualUpdate.read)."""
 
     def __init__(self, cfg, layer, causal):
         super().__init__()
         rule = RESIDUALS[cfg.residual]
         self.ln_1 = make_norm(cfg, rule.keeps_norm)
         self.attn = SelfAttention(cfg, causal, rule.normalized)
-        self.update_attn = rule.from_config(cfg, layer, causal)
+        self.update_attn = rule.from_config(cfg, 2 * layer, causal)
         self.ln_2 = make_norm(cfg, rule.keeps_norm)
         self.mlp = MLP(cfg, rule.normalized)
-        self.update_mlp = rule.from_config(cfg, layer, causal)
+        self.update_mlp = rule.from_config(cfg, 2 * layer + 1, causal)
 
-    def forward(self, x, cache=None):  # (B, T, C)
-        x = self.update_attn(x, self.attn(self.ln_1(x), cache), cache=cache)
-        x = self.update_mlp(x, self.mlp(self.ln_2(x)), cache=cache)
+    def forward(self, x, cache=None):  # (B, T, C), or the rule's wider stream
+        x = self.update_attn(x, self.attn(self.ln_1(self.update_attn.read(x)), cache), cache=cache)
+        x = self.update_mlp(x, self.mlp(self.ln_2(self.update_mlp.read(x))), cache=cache)
         return x
 
     def stream_matrices(self):
@@ -559,10 +747,10 @@ class Trunk:
         return logits if self.s_z is None else logits * self.s_z()
 
     def trunk(self, x, cache=None):  # (B, T, C) embeddings -> (B, T, C) features for the head
-        x = self.ln_emb(x)
+        x = self.rule.widen(self.config, self.ln_emb(x))
         for block in self.blocks:
             x = block(x, cache)
-        return self.ln_f(x)
+        return self.ln_f(self.rule.reduce(self.config, x))
 
     def stream_matrices(self):
         """(weight, dim) of every embedding, head and block matrix that reads the stream or writes
@@ -765,12 +953,14 @@ def pretrained_folder(name_or_dir):
     if name_or_dir not in GPT2_HUB:
         raise ValueError(f"{name_or_dir!r} is neither a GPT-2 name ({', '.join(GPT2_HUB)}) nor a folder")
     from huggingface_hub import hf_hub_download
-    repo = GPT2_HUB[name_or_dir]
-    try:
-        return os.path.dirname([hf_hub_download(repo, f) for f in ('config.json', 'model.safetensors')][0])
+    repo, offline = GPT2_HUB[name_or_dir], os.environ.get('HF_HUB_OFFLINE', '0').lower() not in ('', '0', 'false', 'no')
+    try:  # offline: the hub's cache alone, at once, rather than retries of a request that cannot succeed
+        return os.path.dirname([hf_hub_download(repo, f, local_files_only=offline)
+                                for f in ('config.json', 'model.safetensors')][0])
     except Exception as e:
-        raise OSError(f"could not fetch {name_or_dir} from the Hugging Face hub ({type(e).__name__}: {str(e)[:200]}); "
-                      f"offline, put {repo}'s config.json and model.safetensors in a folder and pass the folder") from e
+        why = "offline (HF_HUB_OFFLINE) and not in the hub's cache" if offline else f"{type(e).__name__}: {str(e)[:200]}"
+        raise OSError(f"could not fetch {name_or_dir} from the Hugging Face hub ({why}); put {repo}'s config.json "
+                      f"and model.safetensors in a folder and pass the folder") from e
 
 
 def read_pretrained(name_or_dir):

@@ -16,7 +16,7 @@ import argparse
 
 import torch
 
-from orthogpt import checkpoint, errors
+from orthogpt import bpe, checkpoint, errors
 from orthogpt.device import resolve_device
 from orthogpt.errors import UserError
 
@@ -24,8 +24,7 @@ from orthogpt.errors import UserError
 def make_codec(meta):
     """(encode, decode) for the checkpoint's vocabulary."""
     if meta is None:
-        import tiktoken
-        enc = tiktoken.get_encoding('gpt2')
+        enc = bpe.encoding()
         return (lambda s: enc.encode(s, allowed_special={'<|endoftext|>'})), enc.decode
     stoi, itos = meta['stoi'], meta['itos']
 

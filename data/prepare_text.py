@@ -22,13 +22,14 @@ import glob
 import json
 import multiprocessing as mp
 import os
+import signal
 import sys
 import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
-from orthogpt import errors, progress, shards  # noqa: E402
+from orthogpt import bpe, errors, hub, progress, shards  # noqa: E402
 from orthogpt.errors import UserError  # noqa: E402
 from orthogpt.files import write_text  # noqa: E402
 
@@ -48,13 +49,13 @@ def encode(text):
     """[<|endoftext|>] + the GPT-2 BPE ids of one document, as uint16."""
     global _encoder
     if _encoder is None:
-        import tiktoken
-        _encoder = tiktoken.get_encoding('gpt2')
+        _encoder = bpe.encoding()
     return np.array([_encoder.eot_token] + _encoder.encode_ordinary(text), dtype=np.uint16)
 
 
 def documents(args):
     """An iterable of dataset rows (dicts), in a fixed order."""
+    hub.offline()  # out of reach: the datasets cache alone, at once
     import datasets
     if args.files:
         paths = sorted(glob.glob(args.files, recursive=True))
@@ -72,7 +73,11 @@ def documents(args):
                   split=args.split or preset.get('split', 'train'), streaming=not args.no_streaming)
     if preset.get('revision'):
         kwargs['revision'] = preset['revision']
-    return datasets.load_dataset(**kwargs)
+    try:
+        return datasets.load_dataset(**kwargs)
+    except Exception as e:  # no network, an unknown dataset or config, ...
+        raise UserError(f"could not load {kwargs['path']} from the Hugging Face hub ({type(e).__name__}: "
+                        f"{str(e)[:200]}); offline, prepare local files with --files PATTERN --name NAME") from None
 
 
 def count_lines(path):
@@ -143,7 +148,8 @@ def tokenize(texts, writer, num_proc, total):
     state, skip, done_tokens = writer.state, writer.state['skip'], 0
     # spawn, not fork: forking this process, whose torch / Arrow / tokenizer threads may hold a
     # lock at that moment, can leave a worker waiting on it forever
-    with mp.get_context('spawn').Pool(num_proc) as pool, \
+    # Ctrl-C reaches the workers too: they ignore it, and this process stops them
+    with mp.get_context('spawn').Pool(num_proc, signal.signal, (signal.SIGINT, signal.SIG_IGN)) as pool, \
             progress.bar(pool.imap(encode, texts, chunksize=16), 'tokenizing', total=total, unit='doc',
                          initial=state['docs']) as bar:
         for i, tokens in enumerate(bar):
@@ -206,6 +212,7 @@ def main(argv=None):
     if args.dataset in PRESETS:
         print(f"{args.dataset}: {PRESETS[args.dataset]['size']}")
 
+    bpe.encoding()  # here, before the worker processes: its files, or the error that says how to get them
     rows = documents(args)
     total = count_documents(args, rows)
     if args.max_docs is not None:

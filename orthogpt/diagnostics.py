@@ -29,8 +29,8 @@ def residual_grads(model):
 
     def hook(l):
         def forward_hook(module, inputs, output):
-            def store(g):
-                grads[l] = g.float().norm(dim=-1).mean()
+            def store(g):  # a wider stream's copies (..., n, d) count as one vector per token
+                grads[l] = g.float().flatten(2).norm(dim=-1).mean()
             output.register_hook(store)
         return forward_hook
     handles = [m.register_forward_hook(hook(l)) for l, (_, _, m) in enumerate(updates(model))]
@@ -47,15 +47,15 @@ STATS = ('stream_sq', 'par_sq', 'perp_sq', 'cos', 'theta')
 @torch.no_grad()
 def update_stats(model, idx):
     """Per update, means over tokens of ||x||^2, ||f_par||^2, ||f_perp||^2 and cos(x, f), f the
-    branch output (Oh et al. Sec. 3.5, App. D), and theta = ||f_perp|| / ||x||: on the sphere
+    branch output and x the stream (of a wider stream, what the branch read from it) (Oh et al. Sec. 3.5, App. D), and theta = ||f_perp|| / ||x||: on the sphere
     ||x|| = sqrt(d) the angle the Orthogonal Transformer's rotation turns x by, for any rule the
     size of the tangential update relative to the stream. One forward pass on idx (B, T), in the
     model's current mode; returns a (2L, 5) float32 device tensor, rows in layer order."""
     rows = [None] * (2 * len(model.blocks))
 
     def hook(l):
-        def pre_hook(module, args):
-            x, u = (t.float() for t in args)
+        def pre_hook(module, args):  # of a wider stream, what the branch read from it
+            x, u = module.read(args[0]).float(), args[1].float()
             xx, uu, xu = (x * x).sum(-1), (u * u).sum(-1), (x * u).sum(-1)  # (B, T)
             par = xu * xu / xx
             perp = (uu - par).clamp_min(0)

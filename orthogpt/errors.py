@@ -3,13 +3,14 @@
 Anything that can go wrong because of the user's input or machine (a config, a missing dataset, a
 damaged checkpoint, no network, out of memory) raises UserError with a message that names the
 problem and the fix. A script's main() is wrapped in `entry`, which prints it as `error: ...` and
-exits with status 1; under torchrun the message also goes to the error file torchrun reads, so
+exits with status 1 (and a Ctrl-C the script leaves unhandled as `interrupted`, status 130); under torchrun the message also goes to the error file torchrun reads, so
 that its failure report ends with it rather than with "To enable traceback see ...".
 """
 
 import functools
 import json
 import os
+import sys
 import time
 
 
@@ -18,11 +19,15 @@ class UserError(Exception):
 
 
 def entry(main):
-    """main(argv=None), with a UserError ending the process as `error: ...`, exit status 1."""
+    """main(argv=None), with a UserError ending the process as `error: ...`, exit status 1, and a
+    Ctrl-C that the script did not handle as `interrupted`, exit status 130."""
     @functools.wraps(main)
     def run(*args, **kwargs):
         try:
             return main(*args, **kwargs)
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            raise SystemExit(130) from None
         except UserError as e:
             text = f"error: {e}"
             if os.environ.get('TORCHELASTIC_ERROR_FILE'):

@@ -21,7 +21,9 @@ import re
 from dataclasses import asdict, fields, replace
 
 from model import GPT2_ARCH, GPT2_CONV1D, GPT2_HUB, AdditiveUpdate, GPTConfig, read_pretrained
+from orthogpt import bpe, hub
 from orthogpt.errors import UserError
+from orthogpt.files import write_bytes, write_text
 from orthogpt.resume import SWITCHABLE
 
 FREE = SWITCHABLE | {'block_size'}  # keys a run may set otherwise, keeping the weights (block_size: fewer positions)
@@ -37,6 +39,8 @@ def read(name_or_dir):
     if not os.path.isdir(name_or_dir) and name_or_dir not in GPT2_HUB:
         raise UserError(f"init_from={name_or_dir!r} is neither 'scratch', 'resume', a GPT-2 name "
                         f"({', '.join(GPT2_HUB)}) nor a folder")
+    if name_or_dir in GPT2_HUB and not os.path.isdir(name_or_dir):
+        hub.offline()  # out of reach: the hub's cache alone, at once
     try:
         return read_pretrained(name_or_dir)
     except (OSError, ValueError) as e:
@@ -91,26 +95,61 @@ def gpt2_layout(model):
             and all(type(m) is AdditiveUpdate for b in model.blocks for m in (b.update_attn, b.update_mlp)))
 
 
-def export(model, folder):
+def export(model, folder, gpt2_tokens=False):
     """Write model to folder as config.json and model.safetensors: GPT-2's layout where
-    gpt2_layout(model), else OrthoGPT's own. Returns the layout's model_type."""
-    from safetensors.torch import save_file
+    gpt2_layout(model), else OrthoGPT's own; with gpt2_tokens (a model of GPT-2's vocabulary), the
+    GPT-2 tokenizer's files from tiktoken's cache, where it holds them, so that transformers'
+    AutoTokenizer loads the folder; and a README.md that says how to load it. Returns the layout's
+    model_type."""
+    from safetensors.torch import save
     cfg = model.config
     state = {k: t.detach().cpu().contiguous() for k, t in model.state_dict().items()}
     if cfg.tie_weights:
         del state['lm_head.weight']  # the same tensor as wte.weight; safetensors stores it once
+    eot = 50256 if cfg.vocab_size > 50256 else None  # GPT-2's <|endoftext|>, where the vocabulary has it
     if gpt2_layout(model):
         hf_cfg = dict(model_type='gpt2', architectures=['GPT2LMHeadModel'], vocab_size=cfg.vocab_size,
                       n_positions=cfg.block_size, n_embd=cfg.n_embd, n_layer=cfg.n_layer, n_head=cfg.n_head,
                       n_inner=None, activation_function='gelu_new', layer_norm_epsilon=1e-5,
                       resid_pdrop=cfg.dropout, embd_pdrop=cfg.dropout, attn_pdrop=cfg.dropout,
-                      tie_word_embeddings=True)
+                      tie_word_embeddings=True, bos_token_id=eot, eos_token_id=eot)
         state = {'transformer.' + re.sub(r'^blocks\.', 'h.', k): t.t().contiguous() if GPT2_CONV1D.fullmatch(k) else t
                  for k, t in state.items()}
     else:
         hf_cfg = dict(model_type='orthogpt', config=asdict(cfg))
-    os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, 'config.json'), 'w') as f:
-        json.dump(hf_cfg, f, indent=1)
-    save_file(state, os.path.join(folder, 'model.safetensors'))
+    write_text(os.path.join(folder, 'config.json'), json.dumps(hf_cfg, indent=1))
+    write_bytes(os.path.join(folder, 'model.safetensors'), save(state))
+    tokenizer = bpe.cached_files() if gpt2_tokens else {}
+    for name, path in ((('vocab.json', tokenizer['encoder.json']), ('merges.txt', tokenizer['vocab.bpe']))
+                       if tokenizer else ()):
+        with open(path, 'rb') as f:
+            write_bytes(os.path.join(folder, name), f.read())
+    if tokenizer:
+        write_text(os.path.join(folder, 'tokenizer_config.json'), json.dumps(dict(
+            tokenizer_class='GPT2Tokenizer', model_max_length=cfg.block_size, bos_token='<|endoftext|>',
+            eos_token='<|endoftext|>', unk_token='<|endoftext|>'), indent=1))
+    write_text(os.path.join(folder, 'README.md'), readme(hf_cfg['model_type'], cfg, bool(tokenizer), gpt2_tokens))
     return hf_cfg['model_type']
+
+
+def readme(layout, cfg, tokenizer, gpt2_tokens):
+    """The exported folder's README.md: what it holds and how to load it."""
+    name = f"residual={cfg.residual!r}, qkv={cfg.qkv!r}, norm={cfg.norm!r}, activation={cfg.activation!r}"
+    lines = [f"# An OrthoGPT model ({cfg.n_layer} layers x {cfg.n_embd}, {cfg.vocab_size} tokens, {name})", ""]
+    if layout == 'gpt2':
+        lines += ["GPT-2's layout: transformers loads it with no custom code.", "", "```python",
+                  "from transformers import GPT2LMHeadModel", "model = GPT2LMHeadModel.from_pretrained('.')"]
+        lines += ["from transformers import AutoTokenizer", "tokenizer = AutoTokenizer.from_pretrained('.')"] if tokenizer else []
+        lines += ["```"]
+    else:
+        lines += ["OrthoGPT's own layout (`model_type` 'orthogpt'): its residual update, Q/K/V map or norms are none "
+                  "of transformers' GPT-2, so transformers cannot load it (it would ask for a newer version: it knows "
+                  "no model type 'orthogpt'). OrthoGPT's `model.py` reads it back exactly:", "", "```python",
+                  "from model import GPT   # in a clone of OrthoGPT", "model = GPT.from_pretrained('.')", "```"]
+    if gpt2_tokens and not tokenizer:
+        lines += ["", "Its tokens are GPT-2's BPE (tiktoken's 'gpt2' encoding); the tokenizer's files were not in "
+                      "tiktoken's cache when it was exported, so none are here."]
+    elif not gpt2_tokens:
+        lines += ["", "Its vocabulary is the training run's own (characters): the run's checkpoint holds it "
+                      "(`meta`), and `python sample.py --out_dir=RUN` decodes with it."]
+    return '\n'.join(lines) + '\n'

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from configure.schema import IMAGE_DATASETS as DATASETS
+from orthogpt import hub
 from orthogpt.errors import UserError
 from orthogpt.files import write_atomic
 
@@ -60,6 +61,7 @@ def decode(name, split, image_dir=None):
             return torch.from_numpy(images.copy())[..., None], torch.from_numpy(labels.astype(np.int64))
         if image_dir:
             raise UserError(f"{image_dir} has no {os.path.basename(paths[0])}")
+    hub.offline()  # out of reach: the datasets cache alone, at once
     try:
         import datasets
         rows = datasets.load_dataset(spec['hub'], split=split)

@@ -6,7 +6,9 @@ import math
 import re
 
 import torch
+import torch.nn as nn
 
+from model import raw
 from orthogpt.parallel import local_norms, maps_of, synchronising, unwrapped
 
 
@@ -120,15 +122,16 @@ def make_optimizer(model, cfg, device_type):
     behind orthogonal Q/K/V (decaying it pulls Q, K, V towards the identity, not towards zero).
     Fused where PyTorch has the kernel (CUDA, CPU): one kernel for all parameters, and the
     scaler's skip of a non-finite step stays on the device. With optimizer='muon', Muon (SplitMuon)
-    takes the blocks' 2-D matrices (attention and MLP weights, the raw W behind Q/K/V maps), each
-    matrix of a stacked weight alone, at muon_lr with muon_weight_decay; AdamW keeps the
-    embeddings, head, gains, biases and scaling vectors."""
+    takes the weights of the blocks' Linear layers (attention and MLP, the raw W behind Q/K/V maps),
+    each matrix of a stacked weight alone, at muon_lr with muon_weight_decay; AdamW keeps the
+    embeddings, head, gains, biases, scaling vectors and a rule's own parameters."""
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    muon = [(n, p) for n, p in params if cfg.optimizer == 'muon' and n.startswith('blocks.') and p.dim() == 2]
-    rest = [(n, p) for n, p in params if not any(p is q for _, q in muon)]
+    matrices = {raw(m) for m in model.blocks.modules() if isinstance(m, nn.Linear)} if cfg.optimizer == 'muon' else set()
+    muon = [(n, p) for n, p in params if p in matrices]
+    rest = [(n, p) for n, p in params if p not in matrices]
 
-    def groups(named, lr, weight_decay):
-        decayed = [(n, p) for n, p in named if p.dim() >= 2 and '.parametrizations.' not in n]
+    def groups(named, lr, weight_decay):  # a parameter marked decay=False (a rule's static weights) takes none
+        decayed = [(n, p) for n, p in named if p.dim() >= 2 and '.parametrizations.' not in n and getattr(p, 'decay', True)]
         kept = [(n, p) for n, p in named if not any(p is q for _, q in decayed)]
         found = {}
         for (decay, members) in ((weight_decay, decayed), (0.0, kept)):

@@ -19,8 +19,10 @@ against the first in the same round: paired, so drift between rounds cancels).
 with --compile, generate(compile=True) in both, after one untimed generation of each that
 compiles every shape the timed ones meet.
 --rules times forward + backward of each piece a variant adds, alone, at the config's shape: the
-update rule on (batch_size, block_size, n_embd) tensors, the orthogonal Q/K/V map of one layer, and
-every layer's maps in one batched call (as training computes them).
+update rule on (batch_size, block_size, n_embd) tensors (its wider stream where it keeps one), the
+orthogonal Q/K/V map of one layer, and every layer's maps in one batched call (as training
+computes them). The step table's "saved for backward" column is the activation memory of one
+eager forward of a micro-batch (what a wider stream multiplies), on a CPU as on a GPU.
 The variants are every residual rule in model.RESIDUALS (with dense Q/K/V) and every orthogonal
 Q/K/V map in model.QKV_MAPS (with the additive rule).
 """
@@ -90,6 +92,24 @@ class Runner:
         train_step(self.model, self.optimizer, self.scaler, lambda: (self.x, self.y),
                    self.cfg.gradient_accumulation_steps // self.env.world, self.cfg.grad_clip, self.autocast,
                    self.env)
+
+    def saved_for_backward(self):
+        """Bytes of the activations one eager forward of a micro-batch keeps for its backward: every
+        storage saved, once, but the parameters' (what a wider stream costs in memory, on any device)."""
+        if self.env.fsdp:  # its forward takes every process
+            return None
+        params = {p.untyped_storage().data_ptr() for p in self.raw.parameters()}
+        seen = set()
+
+        def pack(t):
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in params:
+                seen.add((storage.data_ptr(), storage.nbytes()))
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), parallel.maps_of(self.raw, self.env), \
+                self.autocast:
+            self.raw(self.x, self.y)
+        return sum(n for _, n in seen)
 
     def time_dynamics(self):
         """Seconds for one --dynamics measurement, as train.py makes it."""
@@ -211,16 +231,22 @@ def step_table(runners, times, args):
           f"{r0.env.world} process(es){', FSDP' if r0.env.fsdp else ''}; batch {c.batch_size} x {shape} x accum "
           f"{c.gradient_accumulation_steps}, {c.n_layer} layers x {c.n_embd}; median of {args.repeats} interleaved "
           f"rounds of {args.steps} iterations")
-    print(f"| variant | ms/iter (median) | spread (min-max) | {r0.task.unit}/s | MFU | peak memory | vs {first} |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"| variant | parameters | ms/iter (median) | spread (min-max) | {r0.task.unit}/s | MFU | peak memory | "
+          f"saved for backward | vs {first} |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for v, r in runners.items():
         ts = sorted(times[v])
         med, items = median(ts), r.task.items_per_iter
         mfu = f"{r.task.flops_per_item(r.raw) * items / med / peak:.1%}" if peak else '-'
         mem = (f"{r.peak_memory / 2**30:.2f} GiB" if r.device_type == 'cuda' else
                f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB (process)")
-        print(f"| {v} | {med * 1e3:.1f} | {ts[0] * 1e3:.1f}-{ts[-1] * 1e3:.1f} | {items / med:,.0f} | "
-              f"{mfu} | {mem} | {paired_overhead(times[v], times[first]) * 100:+.1f}% |")
+        print(f"| {v} | {r.raw.num_params():,} | {med * 1e3:.1f} | {ts[0] * 1e3:.1f}-{ts[-1] * 1e3:.1f} | "
+              f"{items / med:,.0f} | {mfu} | {mem} | {saved(r.saved_for_backward())} | "
+              f"{paired_overhead(times[v], times[first]) * 100:+.1f}% |")
+
+
+def saved(n):
+    return '-' if n is None else f"{n / 2**20:,.3f} MiB"
 
 
 def profile(runner, path, steps=3, top=15):
@@ -278,8 +304,11 @@ def bench_rules(cfg, device, args):
     x, u, g = (torch.randn(shape, device=device, requires_grad=i < 2) for i in range(3))
     w = torch.randn(3 * d, d, device=device).mul_(0.02).requires_grad_()
     ws = torch.randn(cfg.n_layer, 3 * d, d, device=device).mul_(0.02).requires_grad_()  # as batched_maps stacks them
-    pieces = {f'{name} update': (lambda r=rule.from_config(replace(cfg, residual=name), 0, True).to(device):
-                                 r(x, u).backward(g)) for name, rule in RESIDUALS.items()}
+    pieces = {}
+    for name, rule in RESIDUALS.items():
+        own = replace(cfg, residual=name)
+        xs, gs = rule.widen(own, x).detach().requires_grad_(), rule.widen(own, g)  # the rule's stream
+        pieces[f'{name} update'] = lambda r=rule.from_config(own, 0, True).to(device), xs=xs, gs=gs: r(xs, u).backward(gs)
     for kind in (k for k, f in QKV_MAPS.items() if f is not None):
         pieces[f'{kind} Q/K/V map, one layer'] = lambda m=OrthogonalQKV(kind): m(w).sum().backward()
         pieces[f'{kind} Q/K/V maps, {cfg.n_layer} layers batched'] = lambda m=OrthogonalQKV(kind): m(ws).sum().backward()

@@ -412,7 +412,8 @@ def table(groups, baseline=None, reach=None, timed=True):
             cells += [mean_std([r['top1'] for r in ok if r['top1'] is not None], '{:.2f}'),
                       mean_std([r['top5'] for r in ok if r['top5'] is not None], '{:.2f}')]
         diff = paired(g, groups[against[label]]) if against[label] and against[label] != label else None
-        cells.append('-' if diff is None else f"{diff[0]:+.4f} ± {diff[1]:.4f} (n={diff[2]})")
+        cells.append('-' if diff is None else f"{diff[0]:+.4f} ± {diff[1]:.4f} (n={diff[2]})" if diff[2] > 1 else
+                     f"{diff[0]:+.4f} (n=1)")
         if reach:
             cells.append(', '.join('not reached' if it is None else str(it) for it in when[label]) or '-')
         if timed:

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 from model import GPT, GPTConfig, maps_held  # noqa: E402
-from orthogpt import checkpoint, errors, hf, progress  # noqa: E402
+from orthogpt import bpe, checkpoint, errors, hf, hub, progress  # noqa: E402
 from orthogpt.device import autocast, resolve_device, resolve_dtype  # noqa: E402
 from orthogpt.errors import UserError  # noqa: E402
 
@@ -35,6 +35,7 @@ def load_examples(path, split, limit):
         with open(path, encoding='utf-8') as f:
             rows = [json.loads(line) for line in f if line.strip()]
     else:
+        hub.offline()  # out of reach: the datasets cache alone, at once
         try:
             import datasets
             rows = datasets.load_dataset('Rowan/hellaswag', split=split)
@@ -72,13 +73,16 @@ def score(model, examples, encode, device, amp=nullcontext()):
 
 
 def load_model(args, device):
+    """The model to score, from --init_from or a run's checkpoint; one not in GPT-2's tokens is refused."""
     if args.init_from:
         keys, state = hf.read(args.init_from)
-        return hf.fit(GPT(GPTConfig(**keys)), state).eval()
-    model, ckpt, cfg = checkpoint.load_language_model(args.out_dir, args.ckpt, map_location=device)
-    if ckpt['meta'] is not None or cfg.vocab_size < 50257:
-        raise UserError(f"{args.out_dir} holds a model of a {cfg.vocab_size}-token vocabulary of its own; HellaSwag "
-                 f"is scored in GPT-2's tokens (train on data from data/prepare_text.py, or use --init_from)")
+        model, source, own = hf.fit(GPT(GPTConfig(**keys)), state).eval(), args.init_from, False
+    else:
+        model, ckpt, _ = checkpoint.load_language_model(args.out_dir, args.ckpt, map_location=device)
+        source, own = args.out_dir, ckpt['meta'] is not None
+    if own or model.config.vocab_size < 50257:
+        raise UserError(f"{source} holds a model of a {model.config.vocab_size}-token vocabulary of its own; HellaSwag "
+                        f"is scored in GPT-2's tokens (train on data from data/prepare_text.py, or use --init_from)")
     return model
 
 
@@ -95,8 +99,7 @@ def main(argv=None):
     p.add_argument('--batch_size', type=int, default=8, help='examples per forward (four sequences each)')
     p.add_argument('--device', default='auto')
     args = p.parse_args(argv)
-    import tiktoken
-    enc = tiktoken.get_encoding('gpt2')
+    enc = bpe.encoding()
     device = resolve_device(args.device)
     model = load_model(args, device).to(device)
     examples = load_examples(args.data, args.split, args.limit)

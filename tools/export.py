@@ -30,8 +30,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     if os.path.exists(os.path.join(args.to, 'model.safetensors')):
         raise UserError(f"{args.to} already holds an exported model; pick another --to (or delete it)")
-    model, _, cfg = checkpoint.load_language_model(args.out_dir, args.ckpt)
-    layout = hf.export(model, args.to)
+    model, ckpt, cfg = checkpoint.load_language_model(args.out_dir, args.ckpt)
+    layout = hf.export(model, args.to, gpt2_tokens=ckpt['meta'] is None and cfg.vocab_size >= 50257)
     loads = ("GPT-2's layout: transformers' GPT2LMHeadModel.from_pretrained loads it" if layout == 'gpt2' else
              f"OrthoGPT's layout (residual={cfg.residual!r}, qkv={cfg.qkv!r}, norm={cfg.norm!r}, "
              f"activation={cfg.activation!r}): GPT.from_pretrained loads it")

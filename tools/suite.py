@@ -1,6 +1,6 @@
 """All the GPU evidence from one command: Markdown tables and a profiler trace under out-suite/.
 
-    python tools/suite.py             # one GPU (H100 or H200); the stage limits below add up to 9 minutes
+    python tools/suite.py             # one GPU (H100 or H200)
     python tools/suite.py --smoke     # a CPU at tiny shapes: what the suite's test runs
 
 Each stage runs in its own process with a time limit and writes OUT/<stage>.md; OUT/suite.md
@@ -13,11 +13,15 @@ gathers them, each with its command and wall time, in the form the docs' GPU sec
   profile              a torch.profiler trace of the additive step (OUT/profile/additive.json) and
                        its top kernels with their share of the step (OUT/profile/additive.md)
   generate             tools/bench.py --sample: tokens/s with and without the KV cache, 16 x 256
-  shakespeare          tools/compare.py: the 16 x 256 Tiny Shakespeare runs of every residual rule and of
-                       Cayley Q/K/V to iteration 1000, on the full run's schedule (lr_decay_iters
-                       5000), five at a time on the one GPU; the paper's best val loss lies near
-                       iteration 750. Tiny Shakespeare must be prepared or at
-                       data/shakespeare_char/input.txt (a lent GPU machine has no network).
+  shakespeare          tools/compare.py: the 16 x 256 Tiny Shakespeare runs of every residual rule
+                       (config/shakespeare_{add,ortho,rot,ngpt,hc,mhc}.py) x {standard, gated MLP
+                       (the same parameters)} x {AdamW, Muon}, the CPU recipe's grid at the paper's
+                       scale, to iteration 1000 on the full run's schedule (lr_decay_iters 5000),
+                       six at a time on the one GPU; the paper's best val loss lies near iteration
+                       750. Tiny Shakespeare must be prepared or at data/shakespeare_char/input.txt
+                       (a lent GPU machine has no network).
+The stage limits add up to more than one command may run on a lent machine (10 minutes): run the
+shakespeare stage as a call of its own (--stages=shakespeare).
 """
 
 import argparse
@@ -36,9 +40,10 @@ from orthogpt import errors, shards  # noqa: E402
 from orthogpt.errors import UserError  # noqa: E402
 
 GPT2 = ['config/gpt2_124m_add.py', '--gradient_accumulation_steps=8']
+RULES = ('add', 'ortho', 'rot', 'ngpt', 'hc', 'mhc')  # config/shakespeare_<rule>.py
 TINY = ['config/owt_smoke.py', '--n_layer=1', '--n_head=2', '--n_embd=16', '--block_size=16', '--batch_size=2',
         '--gradient_accumulation_steps=1', '--device=cpu']
-LIMITS = {'step_ddp': 180, 'step_fsdp': 150, 'profile': 60, 'generate': 45, 'shakespeare': 105}  # seconds
+LIMITS = {'step_ddp': 210, 'step_fsdp': 180, 'profile': 60, 'generate': 60, 'shakespeare': 540}  # seconds
 
 
 def random_tokens(folder, n=1 << 20, seed=0):
@@ -67,8 +72,9 @@ def stages(out, smoke, shakespeare_data):
                     f'--profile={os.path.join(out, "profile")}'],
         'generate': [*py, 'tools/bench.py', 'config/shakespeare_add.py', *small, *sh_data, '--sample', '--repeats=1',
                      f"--sample_tokens={8 if smoke else 500}"],
-        'shakespeare': [*py, 'tools/compare.py', *(f'config/shakespeare_{v}.py' for v in ('add', 'ortho', 'rot', 'ngpt', 'cayley')),
-                        '--seeds=1', f"--nproc={2 if smoke else 5}", f'--out={os.path.join(out, "shakespeare")}',
+        'shakespeare': [*py, 'tools/compare.py', *(f'config/shakespeare_{v}.py' for v in RULES),
+                        '--set', 'mlp=standard,gated', '--set', 'optimizer=adamw,muon', '--mlp_ratio=None',
+                        '--seeds=1', f"--nproc={2 if smoke else 6}", f'--out={os.path.join(out, "shakespeare")}',
                         *small, *sh_data, *runs],
     }
 

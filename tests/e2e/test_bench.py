@@ -19,12 +19,15 @@ def test_the_step_table(char_data, capsys, tables):
     bench.main([os.path.join(ROOT, 'config', 'shakespeare_add.py'), *TINY, f'--data_dir={char_data}'])
     table = tables.cells(capsys.readouterr().out)
     assert list(table) == VARIANTS
-    for variant, (ms, spread, tok_s, mfu, memory, overhead) in table.items():
+    for variant, (params, ms, spread, tok_s, mfu, memory, saved, overhead) in table.items():
         low, high = map(float, spread.split('-'))
+        assert tables.number(params) > 0 and tables.number(saved) > 0
         assert 0 < low <= tables.number(ms) <= high
         assert tables.number(tok_s) == pytest.approx(2 * 16 / (tables.number(ms) / 1e3), rel=0.05)  # batch 2 x block 16 per step
         assert mfu == '-' and 'GiB (process)' in memory  # no peak FLOPs known for a CPU
     assert table['additive'][-1] == '+0.0%'
+    saved = {v: tables.number(cells[6]) for v, cells in table.items()}
+    assert saved['hc'] > 1.5 * saved['additive'] and saved['mhc'] > 1.5 * saved['additive']  # n = 4 copies of the stream
 
 
 def test_the_sampling_table(char_data, capsys, tables):

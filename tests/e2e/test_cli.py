@@ -14,8 +14,9 @@ from orthogpt import checkpoint
 
 
 class SignalInEvaluation(AdditiveUpdate):
-    """x + u; in the evaluation after optimizer step `at`, block 0's attention update sends SIGTERM
-    to this process during the `batch`-th batch (after_step runs once at init and after every step)."""
+    """x + u; in the evaluation after optimizer step `at`, block 0's attention update (residual layer
+    0) sends SIGTERM to this process during the `batch`-th batch (after_step runs once at init and
+    after every step)."""
     at, batch, steps, calls = None, 3, 0, 0
 
     @classmethod
@@ -29,7 +30,7 @@ class SignalInEvaluation(AdditiveUpdate):
     def forward(self, x, u, cache=None):
         if not self.training and self.steps == self.at:
             type(self).calls += 1
-            if self.calls == 2 * self.batch - 1:  # block 0's two updates per batch: the first of batch `batch`
+            if self.calls == self.batch:
                 os.kill(os.getpid(), signal.SIGTERM)
         return x + u
 
@@ -59,7 +60,7 @@ def test_a_signal_during_an_evaluation_stops_it_and_resume_runs_it_again(run, lo
     full = run(*args, out='full')
     SignalInEvaluation.at, SignalInEvaluation.steps, SignalInEvaluation.calls = 1 + 20, 0, 0
     part = run(*args, out='part')
-    assert SignalInEvaluation.calls == 2 * 3  # the third batch ended; no fourth began
+    assert SignalInEvaluation.calls == 3  # the third batch ended; no fourth began
     assert 'stopped by SIGTERM during the evaluation at iteration 20; checkpoint saved' in capsys.readouterr().out
     assert checkpoint.load(part / 'ckpt.pt')['iter_num'] == 20
     SignalInEvaluation.at = None

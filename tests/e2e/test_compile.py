@@ -9,7 +9,8 @@ from model import GPT, DecodeCache, maps_held
 VARIANTS = [dict(residual='additive'), dict(residual='rotation'), dict(residual='ngpt'),
             dict(residual='orthogonal', ortho_mode='feature'),
             dict(residual='orthogonal', ortho_mode='global'),
-            dict(residual='orthogonal', ortho_mode='global', ortho_prob=0.5)]
+            dict(residual='orthogonal', ortho_mode='global', ortho_prob=0.5),
+            dict(residual='hc'), dict(residual='mhc'), dict(residual='mhc', hc_dynamic=False)]
 
 
 @pytest.mark.parametrize('variant,qkv', [(v, 'dense') for v in VARIANTS] + [
@@ -37,7 +38,8 @@ def test_compiles_in_one_graph(variant, qkv, gpt_config):
 
 
 DECODERS = [dict(residual='additive', qkv='cayley'), dict(residual='rotation'),
-            dict(residual='orthogonal', ortho_mode='feature'), dict(residual='orthogonal', ortho_mode='global')]
+            dict(residual='orthogonal', ortho_mode='feature'), dict(residual='orthogonal', ortho_mode='global'),
+            dict(residual='hc'), dict(residual='mhc')]
 
 
 @pytest.mark.parametrize('variant', DECODERS, ids=lambda v: '-'.join(map(str, v.values())))

@@ -29,7 +29,10 @@ def weights(out, name='ckpt.pt'):
     ['--qkv=cayley', '--gradient_accumulation_steps=4'],  # the maps, and gradients accumulated unsharded
     ['--residual=rotation', '--qkv=exp', '--gradient_accumulation_steps=2'],
     ['--residual=orthogonal', '--ortho_prob=0.5', '--dropout=0.1', '--gradient_accumulation_steps=2'],
-    ['--residual=ngpt', '--gradient_accumulation_steps=2']], ids=['cayley', 'rotation-exp', 'orthogonal', 'ngpt'])
+    ['--residual=ngpt', '--gradient_accumulation_steps=2'],
+    ['--residual=hc', '--gradient_accumulation_steps=2'],
+    ['--residual=mhc', '--qkv=cayley', '--gradient_accumulation_steps=2']],
+    ids=['cayley', 'rotation-exp', 'orthogonal', 'ngpt', 'hc', 'mhc-cayley'])
 def test_fsdp_reaches_the_weights_of_ddp(variant, torchrun, tiny, char_data, tmp_path):
     for parallel in ('ddp', 'fsdp'):
         spawn(torchrun, tiny, char_data, tmp_path / parallel, 2, '--max_iters=4', f'--parallel={parallel}', *variant)

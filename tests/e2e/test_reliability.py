@@ -70,7 +70,8 @@ def test_checksum_and_fallback(run, logs, capsys):
 
 class Failing(AdditiveUpdate):
     """x + u, with a zero parameter that adds nothing; after_step counts steps (once at init, then
-    after every optimizer step). In the blocks `layers`, the parameter's gradient is NaN on the
+    after every optimizer step). In the residual layers `layers` (2i: block i's attention update,
+    2i + 1: its MLP's), the parameter's gradient is NaN on the
     optimizer steps (counted from 0) in `nan_at`; from step `oom_from` on a training forward
     raises the allocator's out-of-memory error."""
     layers, nan_at, oom_from, steps = (), set(), None, 0
@@ -107,7 +108,7 @@ def failing(registered):
 
 def test_nan_stop_reports_iteration_and_parameter(run, tmp_path, failing):
     with pytest.raises(SystemExit) as e:
-        run('--max_iters=40', '--eval_interval=20', failing(layers=[1], nan_at={7}))
+        run('--max_iters=40', '--eval_interval=20', failing(layers=[2], nan_at={7}))
     msg = str(e.value)
     assert 'at iteration 7' in msg and 'blocks.1.update_attn.weight' in msg and "nan_policy='stop'" in msg
     saved = checkpoint.load(tmp_path / 'out' / 'ckpt.pt')
@@ -116,7 +117,7 @@ def test_nan_stop_reports_iteration_and_parameter(run, tmp_path, failing):
 
 
 def test_nan_skip_continues_and_stops_after_a_streak(run, logs, tmp_path, failing):
-    run('--max_iters=30', '--eval_interval=30', '--nan_policy=skip', failing(layers=[0], nan_at={3, 4}))
+    run('--max_iters=30', '--eval_interval=30', '--nan_policy=skip', failing(layers=[0, 1], nan_at={3, 4}))
     out = tmp_path / 'out'
     events = [r for r in logs.records(out) if r.get('event') == 'nonfinite']
     assert events == [{'iter': 5, 'event': 'nonfinite', 'first': 3, 'count': 2,

@@ -19,7 +19,7 @@ def test_the_smoke_suite_writes_every_table(tmp_path, char_data, capsys, tables)
     for stage in ('step_ddp', 'step_fsdp'):
         table = tables.cells((out / f'{stage}.md').read_text())
         assert list(table) == variants  # every rule, every map
-        for ms, spread, tok_s, *_ in table.values():
+        for params, ms, spread, tok_s, *_ in table.values():
             assert tables.number(tok_s) == pytest.approx(tokens / (tables.number(ms) / 1e3), rel=0.05)
     assert 'FSDP' in (out / 'step_fsdp.md').read_text() and 'FSDP' not in (out / 'step_ddp.md').read_text()
     assert os.path.getsize(out / 'profile' / 'additive.json') > 1000
@@ -28,7 +28,8 @@ def test_the_smoke_suite_writes_every_table(tmp_path, char_data, capsys, tables)
     speeds = tables.cells((out / 'generate.md').read_text())
     assert list(speeds) == variants and all(tables.number(cached) > 0 for cached, _, _ in speeds.values())
     runs = tables.cells((out / 'shakespeare.md').read_text())
-    assert list(runs) == [f'`shakespeare_{v}`' for v in ('add', 'ortho', 'rot', 'ngpt', 'cayley')]
-    assert all(seeds == '1/1' and 0 < tables.number(best) < 5 for seeds, best, *_ in runs.values())  # ln(39) ~ 3.7
+    assert list(runs) == [f'`shakespeare_{v} mlp={m} optimizer={o}`' for v in suite.RULES
+                          for m in ('standard', 'gated') for o in ('adamw', 'muon')]
+    assert all(seeds == '1/1' and 0 < tables.number(best) < 5 for _, seeds, best, *_ in runs.values())  # ln(39) ~ 3.7
     report = (out / 'suite.md').read_text()
     assert all(f"## {stage}" in report for stage in suite.LIMITS)

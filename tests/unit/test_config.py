@@ -8,6 +8,7 @@ from dataclasses import asdict, fields
 import pytest
 
 import configure
+from model import RESIDUALS
 from orthogpt.errors import UserError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
@@ -130,7 +131,9 @@ def test_round_trip_through_json():
 def test_usage_lists_every_key_with_its_default_description_and_type():
     lines = {line.split('=')[0].strip(): line for line in configure.usage().splitlines() if line.startswith('  ')}
     defaults = {f.name: f.default for f in fields(configure.Config) if f.name != 'options'}
-    assert set(defaults) | {'ortho_mode', 'ortho_eps', 'ortho_prob', 'ortho_layers'} == set(lines)
+    options = {f.name for rule in RESIDUALS.values() for f in fields(rule.Options)}  # each rule's own keys
+    assert options >= {'ortho_mode', 'ortho_eps', 'ortho_prob', 'ortho_layers', 'hc_rate'}
+    assert set(defaults) | options == set(lines)
     for key, default in defaults.items():
         described = lines[key].split(f"{key}={default!r} ")[1].rsplit(' [', 1)[0].strip()
         assert len(described) > 5, lines[key]  # a comment of its own, from the schema

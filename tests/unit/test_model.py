@@ -25,7 +25,8 @@ def train_steps(model, steps=20, lr=1e-2, weight_decay=0.1):
 VARIANTS = [dict(residual='additive'), dict(residual='rotation'), dict(residual='ngpt'),
             dict(residual='orthogonal', ortho_mode='feature'),
             dict(residual='orthogonal', ortho_mode='global'),
-            dict(residual='orthogonal', ortho_mode='global', ortho_prob=0.5)]
+            dict(residual='orthogonal', ortho_mode='global', ortho_prob=0.5),
+            dict(residual='hc'), dict(residual='mhc'), dict(residual='mhc', hc_dynamic=False)]
 
 
 @pytest.mark.parametrize('variant,qkv', list(itertools.product(VARIANTS, ['dense', 'cayley', 'exp'])),

@@ -1,0 +1,11 @@
+# mHC (Z. Xie et al., "mHC: Manifold-Constrained Hyper-Connections", arXiv:2512.24880): Hyper-
+# Connections whose stream mixing is doubly stochastic (Sinkhorn-Knopp, 20 rounds) and whose read
+# and write weights are non-negative, n = 4 copies, on the Orthogonal Transformer paper's
+# pre-RMSNorm baseline.
+from config.shakespeare_char import *  # noqa: F401,F403  (the paper's setting)
+
+out_dir = 'out-shakespeare-mhc'
+residual = 'mhc'
+hc_rate = 4
+hc_dynamic = True
+mhc_sinkhorn_iters = 20
