@@ -669,16 +669,17 @@ class MLP(nn.Module):
 
 class Block(nn.Module):
     """x <- update(x, attn(norm(x))); x <- update(x, mlp(norm(x))); a rule with a wider stream
-    hands each branch its own read of it (ResidualUpdate.read)."""
+    hands each branch its own read of it (ResidualUpdate.read). `normalized`: nGPT's branches,
+    as the trunk reads it from the rule."""
 
-    def __init__(self, cfg, layer, causal):
+    def __init__(self, cfg, layer, causal, normalized=False):
         super().__init__()
         rule = RESIDUALS[cfg.residual]
         self.ln_1 = make_norm(cfg, rule.keeps_norm)
-        self.attn = SelfAttention(cfg, causal, rule.normalized)
+        self.attn = SelfAttention(cfg, causal, normalized)
         self.update_attn = rule.from_config(cfg, 2 * layer, causal)
         self.ln_2 = make_norm(cfg, rule.keeps_norm)
-        self.mlp = MLP(cfg, rule.normalized)
+        self.mlp = MLP(cfg, normalized)
         self.update_mlp = rule.from_config(cfg, 2 * layer + 1, causal)
 
     def forward(self, x, cache=None):  # (B, T, C), or the rule's wider stream
@@ -739,7 +740,7 @@ class Trunk:
         # eps far below any embedding's mean square, so the norm is sqrt(d) to float32 rounding
         self.ln_emb = (Sphere() if normalized else
                        nn.RMSNorm(config.n_embd, eps=1e-30, elementwise_affine=False) if keeps_norm else nn.Identity())
-        self.blocks = nn.ModuleList([Block(config, i, causal) for i in range(config.n_layer)])
+        self.blocks = nn.ModuleList([Block(config, i, causal, normalized) for i in range(config.n_layer)])
         self.ln_f = make_norm(config, keeps_norm)
         self.s_z = ScaleVector(n_out, 1.0, 1 / math.sqrt(config.n_embd)) if normalized else None
 

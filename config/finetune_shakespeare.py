@@ -2,7 +2,7 @@
 #   python data/prepare_text.py --files data/shakespeare_char/input.txt --name shakespeare
 #   python train.py config/finetune_shakespeare.py                        # additive, as pretrained
 #   python train.py config/finetune_shakespeare.py --residual=orthogonal --out_dir=out-finetune-ortho
-# The pretrained checkpoint sets the architecture (hf.py); init_from may also be gpt2-medium,
+# The pretrained checkpoint sets the architecture (orthogpt/hf.py); init_from may also be gpt2-medium,
 # gpt2-large, gpt2-xl or a Hugging Face folder. A GPU is the place for it: each step reads 32k tokens.
 init_from = 'gpt2'
 out_dir = 'out-finetune-shakespeare'

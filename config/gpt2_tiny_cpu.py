@@ -13,9 +13,7 @@ dataset = 'shakespeare'
 device = 'cpu'
 compile = False
 
-n_layer = 4
-n_head = 4
-n_embd = 128
+n_layer, n_head, n_embd = 4, 4, 128
 block_size = 64
 vocab_size = 50304
 residual = 'additive'

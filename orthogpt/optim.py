@@ -130,21 +130,21 @@ def make_optimizer(model, cfg, device_type):
     muon = [(n, p) for n, p in params if p in matrices]
     rest = [(n, p) for n, p in params if p not in matrices]
 
-    def groups(named, lr, weight_decay):  # a parameter marked decay=False (a rule's static weights) takes none
+    def groups(named, lr, weight_decay, split=False):  # decay=False (a rule's static weights): none
         decayed = [(n, p) for n, p in named if p.dim() >= 2 and '.parametrizations.' not in n and getattr(p, 'decay', True)]
         kept = [(n, p) for n, p in named if not any(p is q for _, q in decayed)]
         found = {}
         for (decay, members) in ((weight_decay, decayed), (0.0, kept)):
             for _, p in members:
-                found.setdefault((decay, getattr(p, 'stack', 1)), []).append(p)
-        return [{'params': ps, 'weight_decay': decay, 'base_lr': lr, 'split': split}
-                for (decay, split), ps in found.items()]
+                found.setdefault((decay, getattr(p, 'stack', 1) if split else 1), []).append(p)
+        return [{'params': ps, 'weight_decay': decay, 'base_lr': lr, **({'split': n} if split else {})}
+                for (decay, n), ps in found.items()]
     adamw = torch.optim.AdamW(groups(rest, cfg.learning_rate, cfg.weight_decay), lr=cfg.learning_rate,
                               betas=(cfg.beta1, cfg.beta2), fused=device_type in ('cuda', 'cpu'))
     if not muon:
         return Optimizers(adamw=adamw)
     wd = cfg.weight_decay if cfg.muon_weight_decay is None else cfg.muon_weight_decay
-    return Optimizers(adamw=adamw, muon=SplitMuon(groups(muon, cfg.muon_lr, wd), lr=cfg.muon_lr,
+    return Optimizers(adamw=adamw, muon=SplitMuon(groups(muon, cfg.muon_lr, wd, split=True), lr=cfg.muon_lr,
                                                   momentum=cfg.muon_momentum))
 
 

@@ -1,7 +1,17 @@
-"""Validation curves of runs in one figure: the val loss (and top-1 for images) against iteration,
-the mean over each group's seeds, a line per group."""
+"""Figures of runs: the command line of a tool that draws some (run_arguments), and validation
+curves in one figure, the val loss (and top-1 for images) against iteration, the mean over each
+group's seeds, a line per group (curves)."""
 
+import argparse
 import statistics
+
+
+def run_arguments(argv, doc, out, what, runs='out_dir of each run'):
+    """The arguments of a tool that draws runs: the runs, and --out (default `out`, `what` it is)."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('runs', nargs='+', help=runs)
+    p.add_argument('--out', default=out, help=what)
+    return p.parse_args(argv)
 
 
 def curves(groups, path, switch_at=None):

@@ -98,6 +98,23 @@ def images_kit():
     return SimpleNamespace(synthetic=synthetic_images, write_idx=write_idx)
 
 
+def decoding_in_pieces(net, idx, cuts=((0, 5), (5, 6), (6, 16))):
+    """Feeds idx (B, T) through a DecodeCache in pieces and checks the logits against one full
+    forward's (the model in float64, eval mode); returns the full forward's logits."""
+    from model import DecodeCache
+    full, _ = net(idx)
+    cache = DecodeCache(net.config.block_size)
+    pieces = [net(idx[:, a:b], cache=cache)[0] for a, b in cuts]
+    torch.testing.assert_close(torch.cat(pieces, 1), full, rtol=0, atol=1e-10)
+    return full
+
+
+@pytest.fixture(scope='session')
+def decodes_in_pieces():
+    """decodes_in_pieces(net, idx): decoding_in_pieces."""
+    return decoding_in_pieces
+
+
 @pytest.fixture(autouse=True)
 def seeded():
     torch.manual_seed(0)
@@ -149,6 +166,23 @@ def registered():
     yield add
     for name in names:
         del RESIDUALS[name]
+
+
+@pytest.fixture
+def grad_norms(tmp_path, char_data):
+    """grad_norms(*args, config='shakespeare_add.py'): tools/plot_grad_norms.py on a 2-layer x 16 model
+    (one batch, one seed) with args; the rows of its CSV."""
+    def measure(*args, config='shakespeare_add.py'):
+        import csv
+
+        from tools import plot_grad_norms
+        out = tmp_path / 'grad-norms'
+        plot_grad_norms.main([os.path.join(ROOT, 'config', config), '--n_layer=2', '--n_embd=16', '--n_head=2',
+                              '--block_size=16', '--batch_size=2', '--batches=1', '--seeds=1', f'--data_dir={char_data}',
+                              f'--out={out}', *args])
+        with open(f'{out}.csv') as f:
+            return list(csv.DictReader(f))
+    return measure
 
 
 @pytest.fixture

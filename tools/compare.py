@@ -22,7 +22,8 @@ each side. Without --tune the reported seeds are the same 1, 2, 3, ...
 Paired differences: the same seed gives every config the same batches (and the same initial
 weights where two architectures agree), so the runs pair. The Δ column is each row's final val
 loss minus that of --baseline (a config's name, the first config by default) at the same --set
-values and seeds: their mean ± its standard error (std / sqrt(n)).
+values and seeds, or at the --set values it names ('CONFIG k=v'): their mean ± its standard
+error (std / sqrt(n)).
 
 The speedup protocol of nGPT (I. Loshchilov et al., arXiv:2410.01131, Sec. 3.1): --lengths=L1,L2,..
 runs complete runs of each length, each with its own full schedule (the cosine ends at its
@@ -380,14 +381,20 @@ def paired(g, base):
     return statistics.mean(diffs), se, len(diffs)
 
 
-def baseline_of(groups, name):
-    """(the baseline's config name, {group: the baseline's group with the same --set values and
-    length}); name: a config's file name, the first config's by default."""
-    names = list(dict.fromkeys(g['name'] for g in groups.values()))
-    name = name or names[0]
-    if name not in names:
-        raise UserError(f"--baseline {name!r} names no config; the configs: {', '.join(names)}")
-    at = {(g['set'], g['length']): label for label, g in groups.items() if g['name'] == name}
+def baseline_of(groups, selector):
+    """(the baseline's label, {group: the baseline's group at the same length}). selector: a
+    config's file name, compared at each row's own --set values (the first config's by default),
+    or 'CONFIG k=v ...', that config at those --set values for every row."""
+    name, *picks = (selector or next(iter(groups.values()))['name']).split()
+    picks = dict(p.split('=', 1) for p in picks)
+    mine = {label: g for label, g in groups.items() if g['name'] == name and picks.items() <= dict(g['set']).items()}
+    if not mine:
+        raise UserError(f"--baseline {selector!r} names no row; the configs: "
+                        f"{', '.join(dict.fromkeys(g['name'] for g in groups.values()))}")
+    if picks:
+        at = {g['length']: label for label, g in mine.items()}
+        return selector, {label: at.get(g['length']) for label, g in groups.items()}
+    at = {(g['set'], g['length']): label for label, g in mine.items()}
     return name, {label: at.get((g['set'], g['length'])) for label, g in groups.items()}
 
 
@@ -452,8 +459,7 @@ def crossing(points, target):
 
 def speedup_table(groups, baseline, timed):
     """The nGPT paper's protocol (module docstring): the steps (and time) at which each case's mean
-    final val loss reaches the baseline's at the longest length (the baseline with the same --set
-    values)."""
+    final val loss reaches the baseline's (baseline_of) at the longest length."""
     name, against = baseline_of(groups, baseline)
     by_case = {}
     for label, g in groups.items():
@@ -464,8 +470,9 @@ def speedup_table(groups, baseline, timed):
     head = ['method', 'parameters'] + [f"final val loss, {n} steps" for n in lengths] + \
         ['baseline at {longest}'.format(longest=longest), 'steps to it', 'speedup in steps'] + \
         (['ms/iter', 'time to it', 'speedup in time'] if timed else [])
-    lines = [f"Target of each row: the final val loss of `{name}` (with the row's --set values) at {longest} steps, "
-             f"mean over seeds.", '', '| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
+    whose = '' if ' ' in name else " (at the row's --set values)"
+    lines = [f"Target of each row: the final val loss of `{name}`{whose} at {longest} steps, mean over seeds.", '',
+             '| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
 
     def ms_of(labels):
         return statistics.median(r['ms'] for label in labels for r in groups[label]['ok'] if r['ms'])
@@ -500,8 +507,8 @@ def parse_args(argv):
     p.add_argument('--lengths', default=None, metavar='L1,L2,...',
                    help="complete runs of these max_iters each (nGPT's speedup protocol; the table needs two or more)")
     p.add_argument('--baseline', default=None, metavar='CONFIG',
-                   help="the config (file name) the paired differences and the speedup compare with, at the "
-                        "same --set values (default: the first config)")
+                   help="the config (file name) the paired differences and the speedup compare with, at each "
+                        "row's --set values (default: the first config); 'CONFIG k=v' fixes its --set values")
     p.add_argument('--switch', action='append', default=[], metavar='KEY=V1,V2',
                    help='continue each run at --switch_at with each value (one group per value)')
     p.add_argument('--switch_at', type=int, help='iteration of the switch')

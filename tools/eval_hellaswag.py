@@ -99,9 +99,9 @@ def main(argv=None):
     p.add_argument('--batch_size', type=int, default=8, help='examples per forward (four sequences each)')
     p.add_argument('--device', default='auto')
     args = p.parse_args(argv)
-    enc = bpe.encoding()
     device = resolve_device(args.device)
     model = load_model(args, device).to(device)
+    enc = bpe.encoding()
     examples = load_examples(args.data, args.split, args.limit)
     amp = autocast(device.split(':')[0], resolve_dtype('auto', device.split(':')[0]))
     right = [0, 0]

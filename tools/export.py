@@ -1,15 +1,17 @@
-"""Export a run's language model in the Hugging Face format (config.json, model.safetensors; hf.py).
+"""Export a run's language model in the Hugging Face format (orthogpt/hf.py).
 
     python tools/export.py --out_dir=out-gpt2-ft --to=hf-gpt2-ft     # best.pt, else ckpt.pt (--ckpt=NAME)
 
-An additive GPT with GPT-2's architecture (LayerNorm and Linear biases, activation='gelu_tanh',
-tied head, dense Q/K/V: what init_from='gpt2' trains) is written in GPT-2's layout, which
-transformers loads with no custom code:
+A GPT with GPT-2's architecture (LayerNorm and Linear biases, activation='gelu_tanh', tied head,
+dense Q/K/V) whose updates are all additive (what init_from='gpt2' and config/gpt2_tiny_cpu.py
+train) is written in GPT-2's layout, which transformers loads with no custom code:
 
     from transformers import GPT2LMHeadModel; GPT2LMHeadModel.from_pretrained('hf-gpt2-ft')
 
-Every other variant (the orthogonal and rotation rules, Cayley or exp Q/K/V, RMSNorm, ...) is
-written in OrthoGPT's layout, which GPT.from_pretrained('DIR') reads back exactly.
+with GPT-2's tokenizer files beside it, where tiktoken's cache holds them (a model of GPT-2's
+tokens), for AutoTokenizer. Every other variant (the orthogonal, rotation, nGPT and
+hyper-connection rules, Cayley or exp Q/K/V, RMSNorm, ...) is written in OrthoGPT's layout, which
+GPT.from_pretrained('DIR') reads back exactly. The folder's README.md says how to load it.
 """
 
 import argparse

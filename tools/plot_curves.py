@@ -7,7 +7,6 @@ Each argument is a run's out_dir or a copy of its log.jsonl; the legend names it
 or file name. A run with no evaluation logged is skipped with a message.
 """
 
-import argparse
 import os
 import sys
 
@@ -17,10 +16,8 @@ from orthogpt import errors, logs, plots  # noqa: E402
 
 @errors.entry
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument('runs', nargs='+', help="out_dir of each run, or its log.jsonl")
-    p.add_argument('--out', default='out-plots/curves.png', help='the PNG to write')
-    args = p.parse_args(argv)
+    args = plots.run_arguments(argv, __doc__, 'out-plots/curves.png', 'the PNG to write',
+                               runs='out_dir of each run, or its log.jsonl')
     groups = {}
     for run in args.runs:
         evals = logs.evaluations(logs.read(run))

@@ -11,13 +11,12 @@ colour per run;
 and OUT_effective_rank.png, the effective rank of the final representation at each evaluation.
 """
 
-import argparse
 import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
-from orthogpt import errors, logs  # noqa: E402
+from orthogpt import errors, logs, plots  # noqa: E402
 from orthogpt.diagnostics import STATS  # noqa: E402
 from orthogpt.errors import UserError  # noqa: E402
 
@@ -40,10 +39,7 @@ def label(out_dir):
 
 @errors.entry
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument('runs', nargs='+', help='out_dir of each run')
-    p.add_argument('--out', default='out-plots/dynamics', help='prefix of the PNG files')
-    args = p.parse_args(argv)
+    args = plots.run_arguments(argv, __doc__, 'out-plots/dynamics', 'prefix of the PNG files')
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt

@@ -5,6 +5,8 @@ its own, as a user would (the loop itself is not patched)."""
 
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -100,3 +102,56 @@ def test_a_missing_config_file_lists_the_config_files_closest_first(root, name, 
     assert sorted(os.path.basename(f) for f in listed) == configs
     if first:
         assert os.path.basename(listed[0]) == first
+
+
+def offline(tmp_path):
+    """The environment of a machine with no network: an empty tiktoken cache, requests sent to a
+    closed port, and huggingface.co's name unknown (HF_HUB_OFFLINE)."""
+    cache = tmp_path / 'empty-cache'
+    cache.mkdir(exist_ok=True)
+    return dict(os.environ, TIKTOKEN_CACHE_DIR=str(cache), HTTPS_PROXY='http://127.0.0.1:9', HTTP_PROXY='http://127.0.0.1:9',
+                HF_HUB_OFFLINE='1')
+
+
+@pytest.mark.parametrize('script,args', [
+    ('data/prepare_text.py', ['--files', 'FILE', '--name', 'x', '--out_dir', 'OUT']),
+    ('tools/eval_hellaswag.py', ['--init_from=HF', '--data=FILE']),
+])
+def test_no_tokenizer_files_and_no_network_end_in_one_line(root, tmp_path, tiny_text, gpt2_folder, script, args):
+    (tmp_path / 'text.txt').write_text(tiny_text)
+    gpt2_folder(tmp_path / 'hf', vocab_size=50257)  # GPT-2's vocabulary: scored in its tokens
+    args = [a.replace('FILE', str(tmp_path / 'text.txt')).replace('OUT', str(tmp_path / 'out'))
+            .replace('HF', str(tmp_path / 'hf')) for a in args]
+    done = subprocess.run([sys.executable, script, *args], cwd=root, capture_output=True, text=True, env=offline(tmp_path),
+                          timeout=120)
+    assert done.returncode == 1 and 'Traceback' not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith('error: the GPT-2 BPE files could not be read or downloaded')
+    assert 'set TIKTOKEN_CACHE_DIR to a folder holding them' in done.stderr
+
+
+def test_offline_gpt2_weights_end_in_one_line_at_once(root, tmp_path):
+    """HF_HUB_OFFLINE (or a hub whose name does not resolve): the hub's cache alone, no retries."""
+    done = subprocess.run([sys.executable, 'train.py', '--init_from=gpt2', f'--out_dir={tmp_path / "o"}'], cwd=root,
+                          capture_output=True, text=True, env=offline(tmp_path), timeout=120)
+    assert done.returncode == 1 and 'Traceback' not in done.stderr and 'Retrying' not in done.stderr, done.stderr
+    assert "error: init_from='gpt2': could not fetch gpt2 from the Hugging Face hub (offline" in done.stderr
+
+
+def test_max_iters_keeps_the_schedule_in_every_config(root):
+    """--max_iters=N on any config file with config/cpu.py stacked (N = 200, the README's example,
+    or twice a longer warmup): the cosine ends at its floor at iteration N, since no config pins
+    lr_decay_iters."""
+    import glob
+
+    import configure
+    from orthogpt.optim import get_lr
+    for path in sorted(glob.glob(os.path.join(root, 'config', '*.py'))):
+        if path.endswith(('__init__.py', 'cpu.py', 'muon.py')):
+            continue
+        stacked = [path, os.path.join(root, 'config', 'cpu.py')]
+        n = max(200, 2 * configure.load(stacked).warmup_iters)
+        cfg = configure.load([*stacked, f'--max_iters={n}'])
+        assert cfg.lr_decay_iters is None, path
+        if cfg.decay_lr:
+            assert get_lr(n, cfg) == pytest.approx(cfg.learning_rate * cfg.min_lr_ratio), path
+            assert get_lr(n // 2 + 1, cfg) > get_lr(3 * n // 4, cfg) > get_lr(n - 1, cfg), path

@@ -35,7 +35,7 @@ def test_runs_every_config_and_seed_and_tabulates_their_logs(compared, logs):
     assert list(groups) == ['shakespeare_add', 'shakespeare_rot']
     text = (root / 'out' / 'results.md').read_text()
     for label in groups:
-        runs = [root / 'out' / f'{label}-s{seed}' for seed in (1337, 1)]
+        runs = [root / 'out' / f'{label}-s{seed}' for seed in (1, 2)]
         evals = [[r for r in logs.records(d) if 'val_loss' in r] for d in runs]
         best = [min(r['val_loss'] for r in e) for e in evals]
         final = [e[-1]['val_loss'] for e in evals]
@@ -43,22 +43,68 @@ def test_runs_every_config_and_seed_and_tabulates_their_logs(compared, logs):
         row = next(line for line in text.splitlines() if line.startswith(f'| `{label}`'))
         assert f"{statistics.mean(best):.4f} ± {statistics.stdev(best):.4f}" in row
         assert f"{statistics.mean(final):.4f} ± {statistics.stdev(final):.4f}" in row
-        assert '| 2/2 |' in row and 'tok/s' in row
+        assert '| 2/2 |' in row and 'tok/s' not in row  # two runs at a time: nothing timed
     assert best[0] != best[1], "the two seeds ran with different seeds"
+    assert 'shared the machine: nothing is timed' in text
+    finals = {label: [[r for r in logs.records(root / 'out' / f'{label}-s{seed}') if 'val_loss' in r][-1]['val_loss']
+                      for seed in (1, 2)] for label in groups}
+    diffs = [b - a for a, b in zip(finals['shakespeare_add'], finals['shakespeare_rot'])]
+    row = next(line for line in text.splitlines() if line.startswith('| `shakespeare_rot`'))
+    assert f"{statistics.mean(diffs):+.4f} ± {statistics.stdev(diffs) / 2 ** 0.5:.4f} (n=2)" in row  # paired, s.e.
     assert (root / 'out' / 'curves.png').stat().st_size > 0
+
+
+def test_tuning_picks_on_seed_1337_extends_an_edge_and_reports_the_other_seeds(compared, logs, tmp_path):
+    root, _, _ = compared
+    out = tmp_path / 'tune'
+    groups = compare.main([CONFIGS[0], '--seeds=2', f'--out={out}', *TINY, f'--data_dir={root / "data"}',
+                           '--tune', 'learning_rate=1e-4,2e-4'])
+    tried = sorted(d for d in os.listdir(out) if d.endswith('-s1337'))
+    finals = {d: [r for r in logs.records(out / d) if 'val_loss' in r][-1]['val_loss'] for d in tried}
+    assert len(tried) >= 3  # the best of 1e-4 and 2e-4 lay on the grid's edge: 4e-4 was tried too (and on)
+    best = min(finals, key=finals.get)
+    value = best.split('learning_rate')[1].rsplit('-s', 1)[0]
+    assert list(groups) == [f'shakespeare_add learning_rate={value}']
+    assert sorted(d for d in os.listdir(out) if d.startswith(f'shakespeare_add-learning_rate{value}-s')) == [
+        f'shakespeare_add-learning_rate{value}-s{s}' for s in (1, 1337, 2)]  # reported on 1 and 2 alone
+    assert [r['seed'] for r in groups[f'shakespeare_add learning_rate={value}']['ok']] == [1, 2]
+    assert f"**{finals[best]:.4f}**" in (out / 'results.md').read_text()
+
+
+def test_the_speedup_protocol_interpolates_the_length_that_reaches_the_baseline(compared, logs, tmp_path):
+    """Complete runs of 10 and 20 steps (each its own schedule); the target is additive's mean final
+    loss at 20; each rule's steps to it, interpolated in log(steps), and the speedup, from the logs."""
+    root, _, _ = compared
+    out = tmp_path / 'speed'
+    compare.main([*CONFIGS, '--seeds=2', f'--out={out}', *TINY, f'--data_dir={root / "data"}', '--lengths=10,20'])
+    final = {(c, n): statistics.mean([r for r in logs.records(out / f'shakespeare_{c}-max_iters{n}-s{s}')
+                                      if 'val_loss' in r][-1]['val_loss'] for s in (1, 2))
+             for c in ('add', 'rot') for n in (10, 20)}
+    target = final['add', 20]
+    text = (out / 'results.md').read_text()
+    row = next(line for line in text.splitlines() if line.startswith('| `shakespeare_rot` |'))
+    steps, how = compare.crossing([(10, final['rot', 10]), (20, final['rot', 20])], target)
+    shown = {'<=': f"≤ {steps:.0f}", '=': f"{steps:.0f}", '>': f"> {steps:.0f} (not reached)"}[how]
+    assert f"| {target:.4f} | {shown} |" in row and 'ms/iter' in text  # one run at a time: timed
+
+
+def test_crossing_is_linear_in_log_steps():
+    assert compare.crossing([(100, 3.0), (400, 2.0)], 2.5) == (pytest.approx(200), '=')
+    assert compare.crossing([(100, 3.0), (400, 2.0)], 3.5) == (100, '<=')
+    assert compare.crossing([(100, 3.0), (400, 2.0)], 1.5) == (400, '>')
 
 
 def test_reach_reports_when_each_seed_first_reached_a_groups_final_loss(compared, logs):
     root, args, _ = compared
     compare.main(args + ['--reach=shakespeare_add'])
     finals = [[r for r in logs.records(root / 'out' / f'shakespeare_add-s{s}') if 'val_loss' in r][-1]['val_loss']
-              for s in (1337, 1)]
+              for s in (1, 2)]
     target = statistics.mean(finals)
     text = (root / 'out' / 'results.md').read_text()
     assert f"reaches {target:.4f} at (per seed)" in text
     for label in ('shakespeare_add', 'shakespeare_rot'):
         firsts = [next((r['iter'] for r in logs.records(root / 'out' / f'{label}-s{s}') if r.get('val_loss', 9) <= target),
-                       None) for s in (1337, 1)]
+                       None) for s in (1, 2)]
         row = next(line for line in text.splitlines() if line.startswith(f'| `{label}`'))
         assert f"| {', '.join('not reached' if f is None else str(f) for f in firsts)} |" in row
     with pytest.raises(SystemExit, match="--reach 'nope' names no finished group"):
@@ -67,18 +113,19 @@ def test_reach_reports_when_each_seed_first_reached_a_groups_final_loss(compared
     assert f"reaches {target:.4f} at (per seed)" in (root / 'out' / 'results.md').read_text()
 
 
-def test_per_sets_a_key_for_one_configs_runs(tmp_path):
-    runs = compare.plan(compare.parse_args([*CONFIGS, '--seeds=1', f'--out={tmp_path}', '--per',
-                                            'shakespeare_rot:learning_rate=3e-3', '--set=dropout=0.0,0.1'])[0], [])
+def test_per_sets_a_key_for_one_configs_runs_or_one_of_its_set_values(tmp_path):
+    args, _ = compare.parse_args([*CONFIGS, '--seeds=1', f'--out={tmp_path}', '--per', 'shakespeare_rot:learning_rate=3e-3',
+                                  '--per', 'shakespeare_add dropout=0.1:learning_rate=2e-3', '--set=dropout=0.0,0.1'])
+    runs = compare.plan(args, [], compare.cases(args), [1])
     rates = {r['group']: r['cfg'].learning_rate for r in runs}
-    assert rates == {'shakespeare_add dropout=0.0': 1e-3, 'shakespeare_add dropout=0.1': 1e-3,
+    assert rates == {'shakespeare_add dropout=0.0': 1e-3, 'shakespeare_add learning_rate=2e-3 dropout=0.1': 2e-3,
                      'shakespeare_rot learning_rate=3e-3 dropout=0.0': 3e-3,
                      'shakespeare_rot learning_rate=3e-3 dropout=0.1': 3e-3}
 
 
 def test_a_second_call_reruns_nothing(compared, capsys):
     root, args, _ = compared
-    before = {d: (root / 'out' / d / 'log.jsonl').read_bytes() for d in os.listdir(root / 'out') if d.endswith(('s1337', 's1'))}
+    before = {d: (root / 'out' / d / 'log.jsonl').read_bytes() for d in os.listdir(root / 'out') if d.endswith(('-s1', '-s2'))}
     compare.main(args)
     assert capsys.readouterr().out.count('finished before, kept') == 4
     assert all((root / 'out' / d / 'log.jsonl').read_bytes() == b for d, b in before.items())
@@ -91,8 +138,8 @@ def test_a_failing_run_is_a_row_not_a_gap(compared, tmp_path):
                            '--set=init_from=scratch,resume'])  # nothing to resume from: train.py exits 1
     assert [len(g['ok']) for g in groups.values()] == [1, 0]
     text = (out / 'results.md').read_text()
-    assert '| `shakespeare_add init_from=resume` | 0/1 | - |' in text
-    assert re.search(r'`shakespeare_add-init_fromresume-s1337` failed \(exit 1\): .*no checkpoint', text)
+    assert '| `shakespeare_add init_from=resume` | - | 0/1 | - |' in text  # no run started: no parameter count
+    assert re.search(r'`shakespeare_add-init_fromresume-s1` failed \(exit 1\): .*no checkpoint', text)
 
 
 def test_sigterm_stops_the_runs_with_their_checkpoints(compared, tmp_path):
@@ -102,15 +149,15 @@ def test_sigterm_stops_the_runs_with_their_checkpoints(compared, tmp_path):
     cmd = [sys.executable, os.path.join(ROOT, 'tools', 'compare.py'), CONFIGS[0], '--seeds=1', f'--out={out}', *TINY,
            f'--data_dir={root / "data"}', '--max_iters=100000']
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    log = out / 'shakespeare_add-s1337' / 'log.jsonl'
+    log = out / 'shakespeare_add-s1' / 'log.jsonl'
     deadline = time.time() + 60
     while not (log.exists() and log.read_text().count('"loss"') >= 2) and time.time() < deadline:
         time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
     printed = proc.communicate(timeout=60)[0]
     assert proc.returncode == 1 and 'the same command resumes the unfinished runs' in printed
-    assert 'stopped by SIGTERM' in (out / 'shakespeare_add-s1337' / 'stdout.log').read_text()
-    assert (out / 'shakespeare_add-s1337' / 'ckpt.pt').exists()
+    assert 'stopped by SIGTERM' in (out / 'shakespeare_add-s1' / 'stdout.log').read_text()
+    assert (out / 'shakespeare_add-s1' / 'ckpt.pt').exists()
 
 
 def test_config_errors_stop_before_any_run(tmp_path):
@@ -118,7 +165,7 @@ def test_config_errors_stop_before_any_run(tmp_path):
         compare.main([CONFIGS[0], f'--out={tmp_path}', '--max_iter=5'])
     with pytest.raises(SystemExit, match='key=v1,v2'):
         compare.main([CONFIGS[0], f'--out={tmp_path}', '--set=seed'])
-    with pytest.raises(SystemExit, match='share the folder shakespeare_add-s1337'):
+    with pytest.raises(SystemExit, match='share the folder shakespeare_add-s1'):
         compare.main([CONFIGS[0], CONFIGS[0], f'--out={tmp_path}'])
     assert not os.listdir(tmp_path)
 
@@ -136,13 +183,13 @@ def switched(compared):
 def test_a_switch_continues_one_first_phase_once_per_value(switched, logs):
     out, groups = switched
     assert list(groups) == ['shakespeare_add → residual=additive', 'shakespeare_add → residual=orthogonal']
-    assert sorted(os.listdir(out)) == ['curves.png', 'results.md', 'shakespeare_add-first10-s1337',
-                                       'shakespeare_add-then-residualadditive-s1337',
-                                       'shakespeare_add-then-residualorthogonal-s1337']
-    first = logs.records(out / 'shakespeare_add-first10-s1337')
+    assert sorted(os.listdir(out)) == ['curves.png', 'results.md', 'shakespeare_add-first10-s1',
+                                       'shakespeare_add-then-residualadditive-s1',
+                                       'shakespeare_add-then-residualorthogonal-s1']
+    first = logs.records(out / 'shakespeare_add-first10-s1')
     assert first[-1]['iter'] == 10 and 'val_loss' in first[-1]
     for value in ('additive', 'orthogonal'):
-        second = logs.records(out / f'shakespeare_add-then-residual{value}-s1337')
+        second = logs.records(out / f'shakespeare_add-then-residual{value}-s1')
         assert second[:len(first)] == first, "the second phase's log starts with its first phase's"
         resume = second[len(first)]
         assert resume['event'] == 'resume' and resume['reset_optimizer'] is True
@@ -150,13 +197,14 @@ def test_a_switch_continues_one_first_phase_once_per_value(switched, logs):
         lr = {r['iter']: r['lr'] for r in first + second if 'lr' in r}
         assert lr[15] == lr[5], "the schedule restarts at the switch"
         assert [r['iter'] for r in second if 'val_loss' in r][-1] == 20
-    assert 'fresh AdamW' in (out / 'results.md').read_text()
+    assert 'fresh optimizer' in (out / 'results.md').read_text()
 
 
 def test_a_resumed_second_phase_is_not_reset_again(switched, tmp_path):
     out, _ = switched
-    runs = compare.plan(*compare.parse_args([CONFIGS[0], '--seeds=1', f'--out={out}', *TINY, '--switch',
-                                             'residual=orthogonal', '--switch_at=10', '--switch_reset']))
+    args, extra = compare.parse_args([CONFIGS[0], '--seeds=1', f'--out={out}', *TINY, '--switch', 'residual=orthogonal',
+                                      '--switch_at=10', '--switch_reset'])
+    runs = compare.plan(args, extra, compare.cases(args), [1])
     first, second = runs
     argv, resume = compare.start(second)  # its checkpoint is its own, from iteration 20
     assert resume and '--reset_optimizer=True' not in argv
@@ -172,11 +220,11 @@ def test_a_switch_without_reset_continues_the_run_exactly(compared, logs):
     out = root / 'continued'
     compare.main([CONFIGS[0], '--seeds=1', '--nproc=2', f'--out={out}', *TINY, f'--data_dir={root / "data"}',
                   '--switch', 'residual=additive', '--switch_at=10'])  # one thread per run, as in `compared`
-    whole = [r for r in logs.records(root / 'out' / 'shakespeare_add-s1337') if 'ms_per_iter' not in r]
-    parts = [r for r in logs.records(out / 'shakespeare_add-then-residualadditive-s1337')
+    whole = [r for r in logs.records(root / 'out' / 'shakespeare_add-s1') if 'ms_per_iter' not in r and 'event' not in r]
+    parts = [r for r in logs.records(out / 'shakespeare_add-then-residualadditive-s1')
              if 'ms_per_iter' not in r and 'event' not in r]
     assert parts == whole
-    assert 'with its AdamW state' in (out / 'results.md').read_text()
+    assert 'with its optimizer state' in (out / 'results.md').read_text()
 
 
 def test_a_failed_first_phase_is_reported_in_its_second_phases_rows(compared, tmp_path):
@@ -186,9 +234,9 @@ def test_a_failed_first_phase_is_reported_in_its_second_phases_rows(compared, tm
     assert [len(g['ok']) for g in groups.values()] == [0, 0]
     text = (tmp_path / 'results.md').read_text()
     for value in ('additive', 'orthogonal'):
-        assert re.search(rf'`shakespeare_add-then-residual{value}-s1337` failed \(its first phase '
-                         rf'shakespeare_add-first10-s1337 did not finish, exit 1\): .*no checkpoint', text)
-    assert sorted(os.listdir(tmp_path)) == ['results.md', 'shakespeare_add-first10-s1337']
+        assert re.search(rf'`shakespeare_add-then-residual{value}-s1` failed \(its first phase '
+                         rf'shakespeare_add-first10-s1 did not finish, exit 1\): .*no checkpoint', text)
+    assert sorted(os.listdir(tmp_path)) == ['results.md', 'shakespeare_add-first10-s1']
 
 
 def test_switch_errors_stop_before_any_run(tmp_path):

@@ -112,3 +112,51 @@ def test_hellaswag_on_the_jsonl_format_and_the_hub_path(tmp_path, monkeypatch, c
     monkeypatch.setattr(datasets, 'load_dataset', lambda name, split: [dict(r, label=str(r['label'])) for r in rows]
                         if (name, split) == ('Rowan/hellaswag', 'validation') else None)
     assert eval_hellaswag.main([f'--init_from={tmp_path / "hf"}', '--device=cpu']) == acc
+
+
+@pytest.mark.skipif(not os.environ.get('TIKTOKEN_CACHE_DIR'), reason='GPT-2 BPE files: set TIKTOKEN_CACHE_DIR')
+def test_the_gpt2_tiny_cpu_path_from_text_to_transformers_and_hellaswag(root, tmp_path, tiny_text):
+    """The README's path, at tiny sizes: text to GPT-2 BPE shards, config/gpt2_tiny_cpu.py, export,
+    transformers' GPT2LMHeadModel and AutoTokenizer on the folder, HellaSwag on a local file."""
+    import tiktoken
+
+    from data import prepare_text
+    (tmp_path / 'text.txt').write_text(tiny_text)
+    prepare_text.main(['--files', str(tmp_path / 'text.txt'), '--name', 'tiny', '--out_dir', str(tmp_path / 'bpe'),
+                       '--shard_size', '2000', '--val_tokens', '500', '--num_proc', '1'])
+    train.main([os.path.join(root, 'config', 'gpt2_tiny_cpu.py'), f'--data_dir={tmp_path / "bpe"}',
+                f'--out_dir={tmp_path / "run"}', '--n_layer=1', '--n_embd=32', '--n_head=2', '--block_size=16',
+                '--batch_size=4', '--max_iters=10', '--eval_interval=10', '--eval_iters=2'])
+    export.main([f'--out_dir={tmp_path / "run"}', f'--to={tmp_path / "hf"}'])
+    folder = tmp_path / 'hf'
+    umask = os.umask(0)
+    os.umask(umask)
+    assert {f.name: f.stat().st_mode & 0o777 for f in folder.iterdir()} == {
+        name: 0o666 & ~umask for name in ('config.json', 'model.safetensors', 'vocab.json', 'merges.txt',
+                                           'tokenizer_config.json', 'README.md')}
+    hf_cfg = json.loads((folder / 'config.json').read_text())
+    assert (hf_cfg['bos_token_id'], hf_cfg['eos_token_id'], hf_cfg['vocab_size']) == (50256, 50256, 50304)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    text = "ROMEO:\nTo be or not, my lord."
+    assert tokenizer.encode(text) == tiktoken.get_encoding('gpt2').encode_ordinary(text)
+    ours, _, _ = checkpoint.load_language_model(tmp_path / 'run')
+    theirs = transformers.GPT2LMHeadModel.from_pretrained(folder).eval()
+    idx = torch.tensor([tokenizer.encode(text)[:16]])
+    torch.testing.assert_close(logits_of(theirs, idx), logits_of(ours, idx), rtol=0, atol=1e-5)
+    assert 'GPT2LMHeadModel.from_pretrained' in (folder / 'README.md').read_text()
+    rows = [{'ctx': 'A man kicks the ball and', 'label': 0, 'endings': ['it rolls.', 'he sings.', 'it rains.', 'no.']}]
+    (tmp_path / 'val.jsonl').write_text(json.dumps(rows[0]) + '\n')
+    acc, acc_norm = eval_hellaswag.main([f'--init_from={folder}', f'--data={tmp_path / "val.jsonl"}', '--device=cpu'])
+    assert acc in (0.0, 1.0) and acc_norm in (0.0, 1.0)
+
+
+def test_an_orthogpt_export_says_how_to_load_it_and_hellaswag_refuses_its_own_vocabulary(run, tmp_path, gpt2_folder):
+    out = run('--max_iters=5', '--eval_interval=5', config='shakespeare_rot.py', out='rot')
+    export.main([f'--out_dir={out}', f'--to={tmp_path / "rot"}'])
+    readme = (tmp_path / 'rot' / 'README.md').read_text()
+    assert "GPT.from_pretrained('.')" in readme and "no model type 'orthogpt'" in readme
+    assert 'vocab.json' not in os.listdir(tmp_path / 'rot')  # characters: no GPT-2 tokenizer to write
+    for source in ([f'--out_dir={out}'], [f'--init_from={tmp_path / "rot"}']):
+        with pytest.raises(SystemExit, match="holds a model of a 39-token vocabulary of its own; HellaSwag is scored in "
+                                             "GPT-2's tokens"):
+            eval_hellaswag.main([*source, '--data=unused.jsonl', '--device=cpu'])

@@ -1,15 +1,11 @@
 """A rule with a wider stream, defined here and registered, works with no project file edited:
 training and resume, sample.py, cached decoding, torch.compile and the gradient-norm diagnostic."""
 
-import csv
-import os
-
 import pytest
 import torch
 
 import sample
-from model import GPT, DecodeCache, GPTConfig, ResidualUpdate
-from tools import plot_grad_norms
+from model import GPT, GPTConfig, ResidualUpdate
 
 TINY_GPT = dict(n_layer=2, n_head=2, n_embd=16, block_size=16, vocab_size=11)
 
@@ -58,24 +54,15 @@ def test_it_trains_resumes_and_samples(run, logs, capsys):
     assert capsys.readouterr().out.startswith('ROMEO:')
 
 
-def test_cached_decoding_and_compile_see_the_wide_stream():
-    torch.manual_seed(0)
+def test_cached_decoding_and_compile_see_the_wide_stream(decodes_in_pieces):
     net = GPT(GPTConfig(residual='twins', **TINY_GPT)).double().eval()
     idx = torch.randint(11, (3, 16))
-    full, _ = net(idx)
-    cache = DecodeCache(16)
-    pieces = [net(idx[:, a:b], cache=cache)[0] for a, b in ((0, 5), (5, 6), (6, 16))]
-    torch.testing.assert_close(torch.cat(pieces, 1), full, rtol=0, atol=1e-10)
+    full = decodes_in_pieces(net, idx)
     torch._dynamo.reset()
     compiled = torch.compile(net, backend='aot_eager', fullgraph=True)
     torch.testing.assert_close(compiled(idx)[0], full)
 
 
-def test_the_gradient_norm_diagnostic_measures_it(tmp_path, char_data, root):
-    out = tmp_path / 'gn'
-    plot_grad_norms.main([os.path.join(root, 'config', 'shakespeare_add.py'), '--residual=twins', '--n_layer=2',
-                          '--n_embd=16', '--n_head=2', '--block_size=16', '--batch_size=2', '--batches=1', '--seeds=1',
-                          f'--data_dir={char_data}', f'--out={out}'])
-    with open(f'{out}.csv') as f:
-        rows = list(csv.DictReader(f))
+def test_the_gradient_norm_diagnostic_measures_it(grad_norms):
+    rows = grad_norms('--residual=twins')
     assert [r['residual'] for r in rows] == ['twins'] * 4 and all(float(r['grad_norm']) > 0 for r in rows)

@@ -1,18 +1,15 @@
 """nGPT and Muon through train.py: exact resume (with Muon's state), the diagnostics on nGPT's
 unit-norm stream, float16 and DDP under Muon."""
 
-import csv
-
 import pytest
 import torch
 
 import configure
 from model import GPT
 from orthogpt import checkpoint, diagnostics
-from tools import plot_grad_norms
 
 
-def test_resume_is_exact_and_the_diagnostics_measure_it(run, logs, root, tmp_path, char_data, gpt_config):
+def test_resume_is_exact_and_the_diagnostics_measure_it(run, logs, root, gpt_config, grad_norms):
     args = ['--eval_interval=10', '--lr_decay_iters=20']
     full = run('--max_iters=20', *args, config='shakespeare_ngpt.py', out='full')
     run('--max_iters=10', *args, config='shakespeare_ngpt.py', out='part')
@@ -25,10 +22,7 @@ def test_resume_is_exact_and_the_diagnostics_measure_it(run, logs, root, tmp_pat
     stats = diagnostics.update_stats(GPT(gpt_config(residual='ngpt', n_layer=3, tie_weights=False)),
                                      torch.randint(11, (2, 16)))
     torch.testing.assert_close(stats[:, 0], torch.ones(6))  # ||x||^2 = 1 before every update
-    plot_grad_norms.main([f'{root}/config/shakespeare_ngpt.py', '--n_layer=2', '--n_embd=16', '--n_head=2', '--block_size=16',
-                          '--batch_size=2', '--batches=1', '--seeds=1', f'--data_dir={char_data}', f'--out={tmp_path / "gn"}'])
-    with open(tmp_path / 'gn.csv') as f:
-        rows = list(csv.DictReader(f))
+    rows = grad_norms(config='shakespeare_ngpt.py')
     assert [(r['residual'], int(r['layer'])) for r in rows] == [('ngpt', layer) for layer in range(1, 5)]
     assert all(0 < float(r['grad_norm']) < float('inf') for r in rows)
 

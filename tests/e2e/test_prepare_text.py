@@ -92,8 +92,9 @@ def test_interrupted_preparation_resumes_without_duplicates(tmp_path, monkeypatc
         written.append(path)
         real_write(path, tokens)
     monkeypatch.setattr(shards, 'write', crash_on_third)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(SystemExit) as stopped:
         prepare_text.main(args + ['--out_dir', str(tmp_path / 'resumed')])
+    assert stopped.value.code == 130
     monkeypatch.setattr(shards, 'write', real_write)
     before = {f: os.path.getmtime(tmp_path / 'resumed' / f) for f in os.listdir(tmp_path / 'resumed')
               if f.endswith('.bin')}

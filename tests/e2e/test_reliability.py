@@ -200,8 +200,10 @@ def test_sample_refuses_a_checkpoint_without_its_vocabulary(run):
 
 
 def test_torchrun_processes_agree_on_an_interruption(root, tiny, tmp_path, char_data, torchrun):
-    """Ctrl-C in a terminal signals torchrun and every worker; the two processes stop at the same
-    iteration, rank 0 saves both processes' data streams, and torchrun can resume the run."""
+    """Ctrl-C in a terminal signals torchrun (its workers run in sessions of their own), which passes
+    SIGINT to every worker: the two processes stop at the same iteration, rank 0 saves both
+    processes' data streams, and the run resumes. torchrun itself then reports the signal it got,
+    with a SignalException and exit status 1, as the README says: after the save, which it waited for."""
     out = tmp_path / 'ddp'
     args = ['config/shakespeare_add.py', *tiny, f'--data_dir={char_data}', f'--out_dir={out}', '--eval_interval=1000',
             '--gradient_accumulation_steps=2', '--dropout=0.1']
@@ -216,9 +218,11 @@ def test_torchrun_processes_agree_on_an_interruption(root, tiny, tmp_path, char_
             os.killpg(proc.pid, signal.SIGINT)
             break
     lines += proc.stdout.readlines()
-    proc.wait(timeout=120)
-    stopped = [line for line in lines if line.startswith('stopped by SIGINT at iteration')]
+    assert proc.wait(timeout=120) == 1
+    stopped = [i for i, line in enumerate(lines) if line.startswith('stopped by SIGINT at iteration')]
     assert len(stopped) == 1, ''.join(lines)
+    assert 'SignalException: Process' in lines[-1] and 'got signal: 2' in lines[-1], ''.join(lines[-5:])
+    stopped = [lines[stopped[0]]]
     k = int(stopped[0].split('iteration ')[1].split(';')[0])
     saved = checkpoint.load(out / 'ckpt.pt')
     assert saved['iter_num'] == k and k % 5 == 0  # the processes agree at a log interval
