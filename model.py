@@ -50,6 +50,12 @@ def wide(t):
     return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
+def exact(t):
+    """A context without autocast on t's device: matrix products in the working precision (wide)
+    under mixed precision too, where autocast would round them to bfloat16 or float16."""
+    return torch.autocast(t.device.type, enabled=False)
+
+
 def dot(a, b):
     """<a, b> over the last dimension, kept as a dimension of size 1: (..., d) -> (..., 1)."""
     return (a * b).sum(-1, keepdim=True)
@@ -272,7 +278,10 @@ class HyperConnection(ResidualUpdate):
     The block's own norm reads h_0 (Alg. 3). Initialised as Eq. 14: B = 1, A_m the one-hot of
     copy (layer mod n), A_r = I, the dynamic weights 0, so that at init every copy is the pre-norm
     model's stream and the model is the pre-norm additive one. Weight decay on W_alpha and W_beta
-    only, not on the static weights ([HC] Sec. 4). Computed in float32.
+    only, not on the static weights ([HC] Sec. 4). Computed in float32, autocast or not. Left out:
+    [HC] Sec. 4 also rescales the initial std of the branches' output projections by sqrt(n), as
+    the copies are summed at the end; here every rule keeps the config's initialisation (init,
+    sigma_w), so that HC at init is the pre-norm model exactly.
     [HC] D. Zhu et al. "Hyper-Connections". ICLR 2025. arXiv:2409.19606
     """
 
@@ -323,13 +332,15 @@ class HyperConnection(ResidualUpdate):
 
     def read(self, x):
         H = wide(x)
-        alpha, _ = self.weights(H)
+        with exact(H):
+            alpha, _ = self.weights(H)
         return (alpha[..., 0].unsqueeze(-1) * H).sum(-2).to(x.dtype)  # h_0 = sum_i A_m[i] H_i
 
     def forward(self, x, u, cache=None):
         H = wide(x)
-        alpha, beta = self.weights(H)
-        mixed = torch.einsum('...ij,...id->...jd', alpha[..., 1:], H)  # H'_j = sum_i A_r[i, j] H_i
+        with exact(H):
+            alpha, beta = self.weights(H)
+            mixed = torch.einsum('...ij,...id->...jd', alpha[..., 1:], H)  # H'_j = sum_i A_r[i, j] H_i
         return (beta.unsqueeze(-1) * wide(u).unsqueeze(-2) + mixed).to(x.dtype)
 
 
@@ -366,6 +377,9 @@ class ManifoldHyperConnection(HyperConnection):
     -log(n - 1), so H_pre = 1/n (the uniform read of its Table 1); b_res 0 on the diagonal and -8
     off it, so H_res is near I (HC's A_r). Identical copies then stay identical and the branch
     reads exactly the pre-norm stream: at init the model is the pre-norm additive one.
+    Ours too, where the paper is silent: widened and reduced as HC (n copies of the embeddings;
+    their sum before the final norm); no weight decay on the biases b, as on HC's static weights
+    (its Table 5 gives one weight decay, 0.1); the static variant, HC's SHC for mHC.
     [mHC] Z. Xie et al. "mHC: Manifold-Constrained Hyper-Connections". arXiv:2512.24880
     """
 
@@ -412,13 +426,16 @@ class ManifoldHyperConnection(HyperConnection):
 
     def read(self, x):
         H = wide(x)
-        pre, _, _ = self.weights(H)
+        with exact(H):
+            pre, _, _ = self.weights(H)
         return (pre.unsqueeze(-1) * H).sum(-2).to(x.dtype)  # sum_j H_pre[j] H_j
 
     def forward(self, x, u, cache=None):
         H = wide(x)
-        _, post, res = self.weights(H)
-        return (res @ H + post.unsqueeze(-1) * wide(u).unsqueeze(-2)).to(x.dtype)  # new_i = sum_j H_res[i, j] H_j + ...
+        with exact(H):
+            _, post, res = self.weights(H)
+            mixed = res @ H  # new_i = sum_j H_res[i, j] H_j
+        return (mixed + post.unsqueeze(-1) * wide(u).unsqueeze(-2)).to(x.dtype)  # new_i = sum_j H_res[i, j] H_j + ...
 
 
 # ----------------------------------------------------------------------------- 2. orthogonal Q/K/V
@@ -456,7 +473,7 @@ class OrthogonalQKV(nn.Module):
         if self.held is not None:
             return self.held
         d = w.shape[-1]
-        with torch.autocast(w.device.type, enabled=False):
+        with exact(w):
             q = self.map(wide(w).view(-1, d, d))  # (3 x layers, d, d)
         return q.reshape(w.shape).to(w.dtype)
 
@@ -959,7 +976,8 @@ def pretrained_folder(name_or_dir):
         return os.path.dirname([hf_hub_download(repo, f, local_files_only=offline)
                                 for f in ('config.json', 'model.safetensors')][0])
     except Exception as e:
-        why = "offline (HF_HUB_OFFLINE) and not in the hub's cache" if offline else f"{type(e).__name__}: {str(e)[:200]}"
+        why = ("the hub is out of reach (HF_HUB_OFFLINE, or huggingface.co does not resolve) and it is not in "
+               "the hub's cache" if offline else f"{type(e).__name__}: {str(e)[:200]}")
         raise OSError(f"could not fetch {name_or_dir} from the Hugging Face hub ({why}); put {repo}'s config.json "
                       f"and model.safetensors in a folder and pass the folder") from e
 

@@ -9,7 +9,8 @@ Every run is `python train.py CONFIG [STACK ...] [--key=value ...] --seed=S --ou
 its own process and folder; extra --key=value arguments go to every run, --set key=v1,v2 makes
 one group per value (several --set: every combination), --per CONFIG:key=value sets a key for
 one config's runs. A run is finished when its log holds the evaluation at max_iters: finished
-runs are not rerun, interrupted ones resume from their checkpoint, failed ones start again.
+runs are not rerun (one that ran with other arguments stops the comparison with its folder),
+interrupted ones resume from their checkpoint, failed ones start again.
 --nproc runs that many at once (CPU threads are split between them; with several GPUs each run
 gets one, in turn). Ctrl-C or SIGTERM stops the runs at their next step with a checkpoint.
 
@@ -22,8 +23,9 @@ each side. Without --tune the reported seeds are the same 1, 2, 3, ...
 Paired differences: the same seed gives every config the same batches (and the same initial
 weights where two architectures agree), so the runs pair. The Δ column is each row's final val
 loss minus that of --baseline (a config's name, the first config by default) at the same --set
-values and seeds, or at the --set values it names ('CONFIG k=v'): their mean ± its standard
-error (std / sqrt(n)).
+values, length, switch value and seeds, or at the --set values it names ('CONFIG k=v') and the
+row's own values of the others: their mean ± its standard error (std / sqrt(n)), over the seeds
+both finished.
 
 The speedup protocol of nGPT (I. Loshchilov et al., arXiv:2410.01131, Sec. 3.1): --lengths=L1,L2,..
 runs complete runs of each length, each with its own full schedule (the cosine ends at its
@@ -93,8 +95,8 @@ def parse_per(text):
     given, of its --set values) alone: (config stem, {key: value} it selects, (key, value))."""
     selector, colon, kv = text.partition(':')
     key, eq, value = kv.partition('=')
-    stem, *picks = selector.split()
-    if not colon or not eq or not key or not value or not all('=' in p for p in picks):
+    stem, *picks = selector.split() or ['']
+    if not stem or not colon or not eq or not key or not value or not all('=' in p for p in picks):
         raise UserError(f"--per {text!r}: write --per CONFIG:key=value or --per 'CONFIG k=v:key=value' (CONFIG: a "
                         f"config file's name, k=v: a --set value)")
     return os.path.splitext(os.path.basename(stem))[0], dict(p.split('=', 1) for p in picks), (key, value)
@@ -116,6 +118,11 @@ def cases(args):
     values), 'setting' (its --per settings, then the --set values), 'case' (the row's label)}."""
     settings = list(itertools.product(*[parse_set(s) for s in args.set])) or [()]
     per = [parse_per(p) for p in args.per]
+    names = {os.path.splitext(os.path.basename(c))[0] for c in args.configs}
+    for text, (stem, picks, _) in zip(args.per, per):
+        if stem not in names or not any(picks.items() <= dict(values).items() for values in settings):
+            raise UserError(f"--per {text!r} selects no run: the configs are {', '.join(sorted(names))}"
+                            + (f", the --set values {', '.join(s for s in args.set)}" if args.set else ''))
     found = []
     for config in args.configs:
         name = os.path.splitext(os.path.basename(config))[0]
@@ -165,7 +172,7 @@ def plan(args, extra, cases, seeds, lengths=(None,)):
                     run = add(label + ' → ' + ' '.join(f"{k}={v}" for k, v in switch), seed,
                               f"{stem}-then-{'-'.join(f'{k}{v}' for k, v in switch)}-s{seed}",
                               [*argv, *(f'--{k}={v}' for k, v in switch), f'--lr_decay_iters={decay}'],
-                              after=first, reset=args.switch_reset, **own)
+                              after=first, reset=args.switch_reset, switch=tuple(switch), **own)
                     problems = resume.problems(first['cfg'], run['cfg'])
                     if problems:
                         raise UserError(f"--switch: {run['name']} cannot continue {first['name']}: "
@@ -213,15 +220,18 @@ def extend(values, best, added, key, most=2):
         numbers = sorted(float(v) for v in values)
     except ValueError:
         return values
-    ratios = {round(b / a, 6) for a, b in zip(numbers, numbers[1:]) if a > 0}
-    if len(numbers) < 2 or len(ratios) != 1 or numbers[0] <= 0 or float(best) not in (numbers[0], numbers[-1]):
+    if len(numbers) < 2 or numbers[0] <= 0 or float(best) not in (numbers[0], numbers[-1]):
+        return values
+    ratio = numbers[1] / numbers[0]
+    if not all(math.isclose(b / a, ratio, rel_tol=1e-6) for a, b in zip(numbers, numbers[1:])):
         return values
     side = 'low' if float(best) == numbers[0] else 'high'
-    if added.get((key, side), 0) >= most:
+    new = numbers[0] / ratio if side == 'low' else numbers[-1] * ratio
+    integers = all(v.strip().lstrip('+-').isdigit() for v in values)
+    if added.get((key, side), 0) >= most or (integers and not math.isclose(new, round(new))):
         return values
     added[(key, side)] = added.get((key, side), 0) + 1
-    ratio = ratios.pop()
-    return [*values, f"{numbers[0] / ratio if side == 'low' else numbers[-1] * ratio:g}"]
+    return [*values, str(round(new)) if integers else f"{new:.12g}"]
 
 
 def execute(runs, nproc):
@@ -229,6 +239,12 @@ def execute(runs, nproc):
     todo = [r for r in runs if not finished(r)]
     for r in runs:
         if r not in todo:
+            before = run_status(r)[3]
+            if before is not None and before != r['argv']:
+                new, old = [a for a in r['argv'] if a not in before], [a for a in before if a not in r['argv']]
+                raise UserError(f"{r['out_dir']} holds a run of other arguments (this comparison's: "
+                                f"{shlex.join(new) or '-'}; that run's: {shlex.join(old) or '-'}); give this "
+                                f"comparison another --out, or remove that folder to run it again")
             print(f"{r['name']}: finished before, kept")
     env = dict(os.environ)
     env.setdefault('OMP_NUM_THREADS', str(max(1, (os.cpu_count() or 1) // nproc)))
@@ -291,7 +307,7 @@ def launch(todo, running, nproc, env, gpus):
         for r in [r for r in running if r['proc'].poll() is not None]:
             running.remove(r)
             r['stdout'].close()
-            status = {'returncode': r['proc'].returncode, 'wall_s': time.time() - r['t0']}
+            status = {'returncode': r['proc'].returncode, 'wall_s': time.time() - r['t0'], 'argv': r['argv']}
             with open(os.path.join(r['out_dir'], 'run.json'), 'w') as f:
                 json.dump(status, f)
             print(f"{r['name']}: {'done' if finished(r) else 'FAILED'} (exit {status['returncode']}, {status['wall_s']:.0f} s)")
@@ -306,7 +322,8 @@ def mean_std(values, fmt):
 
 
 def run_status(r):
-    """(exit status or None when never run, wall seconds or None, the last 3 lines it printed)."""
+    """(exit status or None when never run, wall seconds or None, the last 3 lines it printed, the
+    train.py arguments it ran with or None)."""
     try:
         with open(os.path.join(r['out_dir'], 'run.json')) as f:
             status = json.load(f)
@@ -317,7 +334,7 @@ def run_status(r):
             tail = ' | '.join(line.strip() for line in f.read().splitlines()[-3:])
     except OSError:
         tail = ''
-    return status.get('returncode'), status.get('wall_s'), tail
+    return status.get('returncode'), status.get('wall_s'), tail, status.get('argv')
 
 
 def summarise(runs):
@@ -329,15 +346,15 @@ def summarise(runs):
             continue
         g = groups.setdefault(r['group'], {'ok': [], 'failed': [], 'unit': None, 'case': r['case'],
                                            'name': r['config_name'], 'set': r['set'], 'length': r['length'],
-                                           'params': None})
+                                           'switch': r.get('switch', ()), 'params': None})
         log = logs.read(r['out_dir'])
         g['params'] = g['params'] or next((x['parameters'] for x in log if x.get('event') == 'start'), None)
         evals = [x for x in log if 'val_loss' in x]
-        code, wall, tail = run_status(r)
+        code, wall, tail, _ = run_status(r)
         if not finished(r):
             after = r.get('after')
             if code is None and after and not finished(after):
-                code, _, tail = run_status(after)
+                code, _, tail, _ = run_status(after)
                 why = f"its first phase {after['name']} did not finish" + ('' if code is None else f", exit {code}")
             else:
                 why = 'not run' if code is None else f"exit {code}" + (', stopped before max_iters' if code == 0 else '')
@@ -382,20 +399,22 @@ def paired(g, base):
 
 
 def baseline_of(groups, selector):
-    """(the baseline's label, {group: the baseline's group at the same length}). selector: a
-    config's file name, compared at each row's own --set values (the first config's by default),
-    or 'CONFIG k=v ...', that config at those --set values for every row."""
+    """(the baseline's label, {group: the baseline's group at the same length and switch value}).
+    selector: a config's file name, compared at each row's own --set values (the first config's
+    by default), or 'CONFIG k=v ...', that config at the --set values it names and at each row's
+    own values of the others."""
     name, *picks = (selector or next(iter(groups.values()))['name']).split()
+    if not all('=' in p for p in picks):
+        raise UserError(f"--baseline {selector!r}: write CONFIG or 'CONFIG key=value ...' (a --set value)")
     picks = dict(p.split('=', 1) for p in picks)
-    mine = {label: g for label, g in groups.items() if g['name'] == name and picks.items() <= dict(g['set']).items()}
-    if not mine:
+
+    def key(g):
+        return tuple((k, v) for k, v in g['set'] if k not in picks), g['length'], g['switch']
+    at = {key(g): label for label, g in groups.items() if g['name'] == name and picks.items() <= dict(g['set']).items()}
+    if not at:
         raise UserError(f"--baseline {selector!r} names no row; the configs: "
                         f"{', '.join(dict.fromkeys(g['name'] for g in groups.values()))}")
-    if picks:
-        at = {g['length']: label for label, g in mine.items()}
-        return selector, {label: at.get(g['length']) for label, g in groups.items()}
-    at = {(g['set'], g['length']): label for label, g in mine.items()}
-    return name, {label: at.get((g['set'], g['length'])) for label, g in groups.items()}
+    return ' '.join([name, *(f'{k}={v}' for k, v in picks.items())]), {label: at.get(key(g)) for label, g in groups.items()}
 
 
 def table(groups, baseline=None, reach=None, timed=True):
@@ -463,8 +482,7 @@ def speedup_table(groups, baseline, timed):
     name, against = baseline_of(groups, baseline)
     by_case = {}
     for label, g in groups.items():
-        if g['ok']:
-            by_case.setdefault(g['case'], {})[g['length']] = label
+        by_case.setdefault(g['case'], {})[g['length']] = label
     lengths = sorted({n for runs in by_case.values() for n in runs})
     longest = lengths[-1]
     head = ['method', 'parameters'] + [f"final val loss, {n} steps" for n in lengths] + \
@@ -475,13 +493,15 @@ def speedup_table(groups, baseline, timed):
              '| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
 
     def ms_of(labels):
-        return statistics.median(r['ms'] for label in labels for r in groups[label]['ok'] if r['ms'])
+        ms = [r['ms'] for label in labels for r in groups[label]['ok'] if r['ms']]
+        return statistics.median(ms) if ms else None
     for case, runs in by_case.items():
-        base = against[runs[max(runs)]]
-        if base is None or not groups[base]['ok']:
+        base = against[runs[longest]] if longest in runs else None
+        points = [(n, statistics.mean(r['final'] for r in groups[label]['ok'])) for n, label in runs.items()
+                  if groups[label]['ok']]
+        if base is None or not groups[base]['ok'] or not points:
             continue
         target = statistics.mean(r['final'] for r in groups[base]['ok'])
-        points = [(n, statistics.mean(r['final'] for r in groups[label]['ok'])) for n, label in runs.items()]
         steps, how = crossing(points, target)
         params = groups[next(iter(runs.values()))]['params']
         cells = [f"`{case}`", f"{params:,}" if params else '-'] + \
@@ -490,8 +510,9 @@ def speedup_table(groups, baseline, timed):
         cells += [f"{target:.4f}", shown, f"{longest / steps:.2f}x" if how == '=' else '-']
         if timed:
             ms, base_ms = ms_of(runs.values()), ms_of([against[label] for label in runs.values() if against[label]])
-            cells += [f"{ms:.1f}", f"{steps * ms / 1e3:.0f} s" if how == '=' else '-',
-                      f"{longest * base_ms / (steps * ms):.2f}x" if how == '=' else '-']
+            known = how == '=' and ms and base_ms
+            cells += [f"{ms:.1f}" if ms else '-', f"{steps * ms / 1e3:.0f} s" if known else '-',
+                      f"{longest * base_ms / (steps * ms):.2f}x" if known else '-']
         lines.append('| ' + ' | '.join(cells) + ' |')
     return '\n'.join(lines) + '\n'
 
@@ -533,8 +554,9 @@ def parse_args(argv):
         args.lengths = sorted(int(n) for n in args.lengths.split(',')) if args.lengths else None
     except ValueError:
         raise UserError(f"--lengths={args.lengths}: write iteration counts, e.g. --lengths=500,1000,2000") from None
-    if args.lengths and args.switch:
-        raise UserError("--lengths and --switch do not go together")
+    if args.switch and (args.lengths or args.tune):
+        raise UserError("--switch goes with neither --lengths nor --tune: tune the first phase's setting first, "
+                        "then compare the switches at it")
     return args, extra
 
 

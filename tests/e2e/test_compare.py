@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from orthogpt.errors import UserError
 from tools import compare
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
@@ -123,12 +124,37 @@ def test_per_sets_a_key_for_one_configs_runs_or_one_of_its_set_values(tmp_path):
                      'shakespeare_rot learning_rate=3e-3 dropout=0.1': 3e-3}
 
 
+def test_a_baseline_pairs_each_row_with_its_own_values_of_the_keys_it_does_not_name():
+    groups = {f'{name} mlp={mlp} optimizer={opt}': dict(name=name, set=(('mlp', mlp), ('optimizer', opt)),
+                                                        length=None, switch=())
+              for name in ('a', 'b') for mlp in ('standard', 'gated') for opt in ('adamw', 'muon')}
+    base, against = compare.baseline_of(groups, 'a optimizer=adamw')
+    assert base == 'a optimizer=adamw'
+    assert against['b mlp=gated optimizer=muon'] == 'a mlp=gated optimizer=adamw'
+    assert against['b mlp=standard optimizer=muon'] == 'a mlp=standard optimizer=adamw'
+    assert compare.baseline_of(groups, None)[1]['b mlp=gated optimizer=muon'] == 'a mlp=gated optimizer=muon'
+    with pytest.raises(UserError, match="names no row"):
+        compare.baseline_of(groups, 'a optimizer=sgd')
+
+
+def test_a_grid_is_extended_by_its_ratio_and_integers_stay_integers():
+    added = {}
+    grid = ['1e-3', '3e-3', '9e-3']
+    for _ in range(3):
+        grid = compare.extend(grid, min(grid, key=float), added, 'lr')
+    assert [float(v) for v in grid[3:]] == pytest.approx([1e-3 / 3, 1e-3 / 9])  # twice on a side at most
+    assert compare.extend(['1', '2', '4'], '1', {}, 'steps') == ['1', '2', '4']  # no 0.5
+    assert compare.extend(['2', '4', '8'], '2', {}, 'steps') == ['2', '4', '8', '1']
+
+
 def test_a_second_call_reruns_nothing(compared, capsys):
     root, args, _ = compared
     before = {d: (root / 'out' / d / 'log.jsonl').read_bytes() for d in os.listdir(root / 'out') if d.endswith(('-s1', '-s2'))}
     compare.main(args)
     assert capsys.readouterr().out.count('finished before, kept') == 4
     assert all((root / 'out' / d / 'log.jsonl').read_bytes() == b for d, b in before.items())
+    with pytest.raises(SystemExit, match='holds a run of other arguments .*--weight_decay=0.0'):
+        compare.main(args + ['--weight_decay=0.0'])  # the same folders, other runs: never taken for them
 
 
 def test_a_failing_run_is_a_row_not_a_gap(compared, tmp_path):
@@ -167,6 +193,13 @@ def test_config_errors_stop_before_any_run(tmp_path):
         compare.main([CONFIGS[0], f'--out={tmp_path}', '--set=seed'])
     with pytest.raises(SystemExit, match='share the folder shakespeare_add-s1'):
         compare.main([CONFIGS[0], CONFIGS[0], f'--out={tmp_path}'])
+    with pytest.raises(SystemExit, match="--per 'shakespeare_rot:learning_rate=1e-3' selects no run"):
+        compare.main([CONFIGS[0], f'--out={tmp_path}', '--per=shakespeare_rot:learning_rate=1e-3'])
+    with pytest.raises(SystemExit, match="--per 'shakespeare_add dropout=0.5:learning_rate=1e-3' selects no run"):
+        compare.main([CONFIGS[0], f'--out={tmp_path}', '--set=dropout=0.0,0.1',
+                      '--per=shakespeare_add dropout=0.5:learning_rate=1e-3'])
+    with pytest.raises(SystemExit, match='write --per CONFIG:key=value'):
+        compare.main([CONFIGS[0], f'--out={tmp_path}', '--per=:learning_rate=1e-3'])
     assert not os.listdir(tmp_path)
 
 
@@ -246,6 +279,9 @@ def test_switch_errors_stop_before_any_run(tmp_path):
         compare.main([CONFIGS[0], f'--out={tmp_path}', '--switch=residual=orthogonal', '--switch_at=5000'])
     with pytest.raises(SystemExit, match='go together'):
         compare.main([CONFIGS[0], f'--out={tmp_path}', '--switch=residual=orthogonal'])
+    with pytest.raises(SystemExit, match='goes with neither --lengths nor --tune'):
+        compare.main([CONFIGS[0], f'--out={tmp_path}', '--switch=residual=orthogonal', '--switch_at=10',
+                      '--tune=learning_rate=1e-3,2e-3'])
     assert not os.listdir(tmp_path)
 
 

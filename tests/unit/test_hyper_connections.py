@@ -74,6 +74,24 @@ def test_each_layer_computes_its_papers_equations(cls, reference, dynamic):
                                     (H[:2].requires_grad_(), u[:2].requires_grad_()))
 
 
+@pytest.mark.parametrize('dynamic', [True, False])
+@pytest.mark.parametrize('cls', [HyperConnection, ManifoldHyperConnection], ids=['hc', 'mhc'])
+def test_mixed_precision_leaves_the_stream_in_float32(cls, dynamic):
+    """Under bfloat16 autocast the weights and the mixing are the float32 ones, digit for digit, and
+    static HC at init writes x + u exactly, as the additive rule's float32 stream does."""
+    rule = cls(D, N, 3, dynamic) if cls is HyperConnection else cls(D, N, 3, dynamic, 20)
+    H, u = torch.randn(6, N, D) * 20, torch.randn(6, D).bfloat16()
+    with torch.no_grad():
+        plain = rule.read(H), rule(H, u)
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            mixed = rule.read(H), rule(H, u)
+    for a, b in zip(plain, mixed):
+        assert b.dtype == torch.float32
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    if cls is HyperConnection and not dynamic:
+        torch.testing.assert_close(mixed[1], H + u.float().unsqueeze(-2), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize('residual', ['hc', 'mhc'])
 @pytest.mark.parametrize('dynamic', [True, False])
 def test_at_init_the_model_is_the_pre_norm_additive_one(gpt_config, residual, dynamic):
