@@ -70,6 +70,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 
 import torch
 
@@ -239,12 +240,11 @@ def execute(runs, nproc):
     todo = [r for r in runs if not finished(r)]
     for r in runs:
         if r not in todo:
-            before = run_status(r)[3]
-            if before is not None and before != r['argv']:
-                new, old = [a for a in r['argv'] if a not in before], [a for a in before if a not in r['argv']]
-                raise UserError(f"{r['out_dir']} holds a run of other arguments (this comparison's: "
-                                f"{shlex.join(new) or '-'}; that run's: {shlex.join(old) or '-'}); give this "
-                                f"comparison another --out, or remove that folder to run it again")
+            other = trained_otherwise(r)
+            if other:
+                raise UserError(f"{r['out_dir']} holds a run of another config ("
+                                + ', '.join(f"{k}: {ours!r} here, {theirs!r} there" for k, (ours, theirs) in other.items())
+                                + "); give this comparison another --out, or remove that folder to run it again")
             print(f"{r['name']}: finished before, kept")
     env = dict(os.environ)
     env.setdefault('OMP_NUM_THREADS', str(max(1, (os.cpu_count() or 1) // nproc)))
@@ -319,6 +319,16 @@ def mean_std(values, fmt):
     if len(values) == 1:
         return fmt.format(values[0])
     return f"{fmt.format(statistics.mean(values))} ± {fmt.format(statistics.stdev(values))}"
+
+
+def trained_otherwise(r):
+    """{key: (r's value, the value of the run in r's folder)} where the two configs differ, but for
+    out_dir: a folder may hold a run that another comparison trained with the same config (a link)."""
+    before = run_status(r)[3]
+    if before is None:  # never run by compare.py
+        return {}
+    ours, theirs = asdict(r['cfg']), asdict(load(before, r['name']))
+    return {k: (ours[k], theirs[k]) for k in ours if k != 'out_dir' and ours[k] != theirs[k]}
 
 
 def run_status(r):

@@ -153,8 +153,11 @@ def test_a_second_call_reruns_nothing(compared, capsys):
     compare.main(args)
     assert capsys.readouterr().out.count('finished before, kept') == 4
     assert all((root / 'out' / d / 'log.jsonl').read_bytes() == b for d, b in before.items())
-    with pytest.raises(SystemExit, match='holds a run of other arguments .*--weight_decay=0.0'):
-        compare.main(args + ['--weight_decay=0.0'])  # the same folders, other runs: never taken for them
+    with pytest.raises(SystemExit, match=r'holds a run of another config \(weight_decay: 0.05 here, 0.0 there\)'):
+        compare.main(args + ['--weight_decay=0.05'])  # the same folders, other runs: never taken for them
+    capsys.readouterr()
+    compare.main(args + ['--weight_decay=0.0'])  # other arguments, the same config: the runs serve
+    assert capsys.readouterr().out.count('finished before, kept') == 4
 
 
 def test_a_failing_run_is_a_row_not_a_gap(compared, tmp_path):

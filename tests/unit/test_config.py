@@ -27,9 +27,21 @@ def write(tmp_path, text, name='c.py'):
 def test_files_stack_left_to_right_and_overrides_win():
     cfg = configure.load([cfgfile('shakespeare_rot.py'), cfgfile('cpu.py'), '--max_iters=300'])
     assert (cfg.residual, cfg.init, cfg.activation, cfg.n_layer, cfg.n_embd) == ('rotation', 'sigma', 'relu', 4, 128)
-    assert (cfg.learning_rate, cfg.block_size, cfg.batch_size, cfg.eval_iters) == (1e-3, 64, 12, 20)
+    assert (cfg.block_size, cfg.batch_size, cfg.eval_iters) == (64, 12, 20)
     assert cfg.max_iters == 300
     assert cfg.out_dir == 'out-shakespeare-rot-cpu'  # cpu.py reads the value the file before it set
+
+
+def test_cpu_recipe_takes_the_rates_tuned_for_the_rule_and_mlp_before_it():
+    def load(*argv):
+        return configure.load([*argv, cfgfile('cpu.py')])
+    assert load(cfgfile('shakespeare_ngpt.py')).learning_rate == 8e-3
+    assert load(cfgfile('shakespeare_ortho.py')).learning_rate == 4e-3
+    assert load(cfgfile('shakespeare_ortho.py'), '--mlp=gated').learning_rate == 2e-3
+    assert load(cfgfile('shakespeare_cayley.py')).learning_rate == 1e-3  # not tuned: nanoGPT's CPU rate
+    assert load(cfgfile('vit_fashion_add.py')).learning_rate == 1e-3
+    muon = load(cfgfile('shakespeare_add.py'), cfgfile('muon.py'))
+    assert (muon.learning_rate, muon.muon_lr, muon.muon_weight_decay) == (2e-3, 0.01, 0.1)
 
 
 def test_later_file_overrides_earlier_override(tmp_path):
