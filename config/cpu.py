@@ -29,7 +29,9 @@ _adamw = {
 # keeps AdamW's rate above.
 _muon = {
     'additive': {'standard': (0.01, 0.1), 'gated': (0.01, 0.1)},
-    'orthogonal': {'standard': (0.01, 0.0)},
+    'orthogonal': {'standard': (0.01, 0.0), 'gated': (0.01, 0.1)},
+    'rotation': {'standard': (0.01, 0.1), 'gated': (0.01, 0.0)},
+    'ngpt': {'standard': (0.01, 0.1), 'gated': (0.02, 0.1)},
 }
 # Other datasets, Q/K/V maps and rules were not tuned here: nanoGPT's CPU rate.
 _tuned = dataset == 'shakespeare_char' and qkv == 'dense'  # noqa: F821

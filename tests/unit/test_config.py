@@ -42,6 +42,8 @@ def test_cpu_recipe_takes_the_rates_tuned_for_the_rule_and_mlp_before_it():
     assert load(cfgfile('vit_fashion_add.py')).learning_rate == 1e-3
     muon = load(cfgfile('shakespeare_add.py'), cfgfile('muon.py'))
     assert (muon.learning_rate, muon.muon_lr, muon.muon_weight_decay) == (2e-3, 0.01, 0.1)
+    muon = load(cfgfile('shakespeare_ngpt.py'), cfgfile('muon.py'))
+    assert (muon.learning_rate, muon.muon_lr, muon.muon_weight_decay) == (8e-3, 0.02, 0.1)
 
 
 def test_later_file_overrides_earlier_override(tmp_path):
