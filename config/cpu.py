@@ -24,6 +24,8 @@ _adamw = {
     'orthogonal': {'standard': 4e-3, 'gated': 2e-3},
     'rotation': {'standard': 2e-3, 'gated': 2e-3},
     'ngpt': {'standard': 8e-3, 'gated': 8e-3},
+    'hc': {'standard': 2e-3, 'gated': 2e-3},  # tuned with the standard MLP; the gated one takes its rate
+    'mhc': {'standard': 2e-3, 'gated': 2e-3},
 }
 # Under Muon (config/muon.py), (muon_lr, muon_weight_decay) for the blocks' matrices; the rest
 # keeps AdamW's rate above.

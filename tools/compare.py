@@ -498,7 +498,7 @@ def speedup_table(groups, baseline, timed):
     head = ['method', 'parameters'] + [f"final val loss, {n} steps" for n in lengths] + \
         ['baseline at {longest}'.format(longest=longest), 'steps to it', 'speedup in steps'] + \
         (['ms/iter', 'time to it', 'speedup in time'] if timed else [])
-    whose = '' if ' ' in name else " (at the row's --set values)"
+    whose = " (at the row's --set values)" if ' ' not in name and any(g['set'] for g in groups.values()) else ''
     lines = [f"Target of each row: the final val loss of `{name}`{whose} at {longest} steps, mean over seeds.", '',
              '| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
 
