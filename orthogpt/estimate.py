@@ -98,5 +98,9 @@ def check_cpu_run(cfg, env, task, model, argv, iters, evals):
         box = [message]
         dist.broadcast_object_list(box, src=0)
         message = box[0]
+        if message:
+            # gloo's worker thread frees the broadcast's tensors under the GIL: a process group torn
+            # down before it has (the error below ends the run) can wait for it forever
+            dist.barrier()
     if message:
         raise UserError(message)
