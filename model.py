@@ -435,7 +435,7 @@ class ManifoldHyperConnection(HyperConnection):
         with exact(H):
             _, post, res = self.weights(H)
             mixed = res @ H  # new_i = sum_j H_res[i, j] H_j
-        return (mixed + post.unsqueeze(-1) * wide(u).unsqueeze(-2)).to(x.dtype)  # new_i = sum_j H_res[i, j] H_j + ...
+        return (mixed + post.unsqueeze(-1) * wide(u).unsqueeze(-2)).to(x.dtype)  # ... + H_post[i] u
 
 
 # ----------------------------------------------------------------------------- 2. orthogonal Q/K/V

@@ -9,7 +9,7 @@ Every run is `python train.py CONFIG [STACK ...] [--key=value ...] --seed=S --ou
 its own process and folder; extra --key=value arguments go to every run, --set key=v1,v2 makes
 one group per value (several --set: every combination), --per CONFIG:key=value sets a key for
 one config's runs. A run is finished when its log holds the evaluation at max_iters: finished
-runs are not rerun (one that ran with other arguments stops the comparison with its folder),
+runs are not rerun (one of another config stops the comparison, naming the keys that differ),
 interrupted ones resume from their checkpoint, failed ones start again.
 --nproc runs that many at once (CPU threads are split between them; with several GPUs each run
 gets one, in turn). Ctrl-C or SIGTERM stops the runs at their next step with a checkpoint.
