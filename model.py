@@ -1,11 +1,11 @@
 """OrthoGPT model: transformer blocks whose residual update is pluggable.
 
 Read top to bottom:
-  1. residual updates   RESIDUALS: name -> rule class; forward(x, u, cache=None) -> x_next
+  1. residual updates   RESIDUALS: name -> rule class; prepare(x) -> (h, state), forward(x, u, state) -> x_next
   2. orthogonal Q/K/V   QKV_MAPS: the Cayley and exp maps of O-ViT, as torch parametrizations
   3. configs            BlockConfig (what a Block needs), GPTConfig, ViTConfig
   4. Block              norm -> attention -> update, norm -> MLP -> update
-  5. Trunk, GPT, ViT    embeddings -> blocks -> head; cached decoding; GPT-2 weights in
+  5. Trunk, GPT, ViT    embeddings -> blocks -> head; cached decoding
 
 The papers, cited in docstrings by their short names:
   [Oh]   G. Oh, W. Cho, S. Kim, S. Choi, Y. Yu. "Revisiting Residual Connections: Orthogonal
@@ -19,10 +19,8 @@ The papers, cited in docstrings by their short names:
          arXiv:2512.24880, 2025
 """
 
-import json
+import itertools
 import math
-import os
-import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import Literal
@@ -31,6 +29,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.utils import parametrize
+from torch.utils.checkpoint import checkpoint
 
 # ----------------------------------------------------------------------------- 1. residual updates
 
@@ -62,11 +61,16 @@ def dot(a, b):
 
 
 class ResidualUpdate(nn.Module):
-    """What every update rule shares: forward(x, u, cache=None) -> x_next.
+    """What every update rule shares, for each sublayer (attention or MLP) with branch F:
 
-    x is the residual stream and u the branch output (attention or MLP), both (..., d); cache is
-    the DecodeCache of incremental decoding, needed only by a rule that mixes positions. A rule
-    declares what the config, the model and the training loop do for it:
+        h, state = rule.prepare(x, cache)     # the branch's input, and what forward needs
+        x_next = rule(x, F(norm(h)), state)   # forward(x, u, state): the branch's output written in
+
+    x is the residual stream, u the branch output, (..., d). By default the stream is the one
+    (..., d) tensor the branches see, prepare hands it over unchanged, and state is the
+    DecodeCache of incremental decoding (or None), needed only by a rule that mixes positions:
+    so a one-stream rule writes forward(x, u, cache=None) alone. A rule declares what the config,
+    the model and the training loop do for it:
       Options       a dataclass of the config keys the rule reads, each with its type, default and
                     a comment (the config, --help and the resume checks take them from here)
       check         refuses options that do not fit the rest of the config (ValueError)
@@ -78,10 +82,11 @@ class ResidualUpdate(nn.Module):
                     block 0's attention and MLP, 2 and 3: block 1's, ...), from the config (its
                     options: cfg.options)
       after_step    runs after every optimizer step on the model (e.g. to renormalise weights)
-    A rule may keep a wider stream than the branches read and write (Hyper-Connections' n
-    copies): widen makes it from the embeddings, reduce gives the head its features back, read
-    gives a branch its input, and forward writes the branch's output in. By default the stream is
-    the one (..., d) tensor the branches see: all four are the identity.
+      copies        n for a stream of n copies (..., n, d) of the hidden vector (Hyper-
+                    Connections'): the embeddings copied n times in, their mean out to the final
+                    norm; 0 (the default) for the plain (..., d) stream. A wide rule's prepare
+                    reads the branch's input from the copies and computes, once, whatever its
+                    forward needs to write the output back (its coefficients, the mixed copies).
     """
     keeps_norm = False
     normalized = False
@@ -103,15 +108,26 @@ class ResidualUpdate(nn.Module):
         pass
 
     @classmethod
-    def widen(cls, cfg, x):  # (B, T, d) embeddings -> the stream
-        return x
+    def copies(cls, cfg):
+        return 0
 
-    @classmethod
-    def reduce(cls, cfg, x):  # the stream -> (B, T, d) features for the final norm and head
-        return x
+    def prepare(self, x, cache=None):
+        return x, cache
 
-    def read(self, x):  # the stream -> (B, T, d), the branch's input before the block's norm
-        return x
+
+def combine(w, H):
+    """w^T H for weights w (..., n, m) and copies H (..., n, d): m sums of the copies, (..., m, d);
+    unrolled over the n copies, which torch.compile fuses into one pass, where a batched matmul of
+    small matrices is slow."""
+    out = w[..., 0, :, None] * H[..., 0:1, :]
+    for i in range(1, H.shape[-2]):
+        out = out + w[..., i, :, None] * H[..., i:i + 1, :]
+    return out
+
+
+def copied(x, n):
+    """(..., d) -> n copies of it, (..., n, d), a view; n = 0: x itself (ResidualUpdate.copies)."""
+    return x.unsqueeze(-2).expand(*x.shape[:-1], n, x.shape[-1]) if n else x
 
 
 @register('additive')
@@ -274,14 +290,19 @@ class HyperConnection(ResidualUpdate):
     normalised vector, H_bar = LayerNorm(H) (Alg. 2), through tanh, scaled by learnable s_alpha
     (A_m, A_r) and s_beta (B), both starting at 0.01, added to the static ones:
         B = s_beta tanh(H_bar W_beta) + B_s,   [A_m A_r] = s_alpha tanh(H_bar W_alpha) + [A_m A_r]_s.
-    Widened by n copies of the embeddings, reduced by their sum before the final norm (Alg. 1).
-    The block's own norm reads h_0 (Alg. 3). Initialised as Eq. 14: B = 1, A_m the one-hot of
-    copy (layer mod n), A_r = I, the dynamic weights 0, so that at init every copy is the pre-norm
-    model's stream and the model is the pre-norm additive one. Weight decay on W_alpha and W_beta
-    only, not on the static weights ([HC] Sec. 4). Computed in float32, autocast or not. Left out:
-    [HC] Sec. 4 also rescales the initial std of the branches' output projections by sqrt(n), as
-    the copies are summed at the end; here every rule keeps the config's initialisation (init,
-    sigma_w), so that HC at init is the pre-norm model exactly.
+    prepare computes the weights once per sublayer, and h_0 and H' in one product, [h_0 H'] =
+    [A_m A_r]^T H; forward adds B^T T(h_0). The block's own norm reads h_0 (Alg. 3). Widened by n
+    copies of the embeddings; the final norm reads their mean, where Alg. 1 sums them: the two
+    differ only through the norm's eps, and with the mean the model at init is the pre-norm one
+    exactly, under LayerNorm too. Initialised as Eq. 14: B = 1, A_m the one-hot of copy (layer mod
+    n), A_r = I, the dynamic weights 0, so that at init every copy is the pre-norm model's stream.
+    Weight decay on W_alpha and W_beta only, not on the static weights ([HC] Sec. 4). Computed in
+    float32, autocast or not. hc_recompute ([mHC] Sec. 4.3): backward keeps only the stream and
+    computes the weights and the mixing again, for the memory of n - 1 more copies of x a sublayer
+    (the paper also drops the stream itself inside blocks of layers; not here). Left out: [HC]
+    Sec. 4 also rescales the initial std of the branches' output projections by sqrt(n); here
+    every rule keeps the config's initialisation (init, sigma_w), so that HC at init is the pre-
+    norm model exactly.
     [HC] D. Zhu et al. "Hyper-Connections". ICLR 2025. arXiv:2409.19606
     """
 
@@ -289,20 +310,21 @@ class HyperConnection(ResidualUpdate):
     class Options:
         hc_rate: int = 4  # [HC] the expansion rate n: copies of the stream
         hc_dynamic: bool = True  # [HC] Sec. 2.2: weights predicted from the stream (DHC); False: static (SHC)
+        hc_recompute: bool = False  # [mHC] Sec. 4.3: backward computes the weights and mixing again (less memory)
 
     @classmethod
     def check(cls, cfg):
         if cfg.options.hc_rate < 1:
             raise ValueError(f"hc_rate={cfg.options.hc_rate} must be at least 1")
 
-    def __init__(self, d, n, layer, dynamic):
+    def __init__(self, d, n, layer, dynamic, recompute=False):
         super().__init__()
         self.static_beta = nn.Parameter(torch.ones(n))  # B
         self.static_alpha = nn.Parameter(torch.cat([F.one_hot(torch.tensor(layer % n), n).float()[:, None],
                                                     torch.eye(n)], dim=1))  # [A_m | A_r], (n, n + 1)
         for p in (self.static_beta, self.static_alpha):
             p.decay = False
-        self.dynamic = dynamic
+        self.dynamic, self.recompute = dynamic, recompute
         if dynamic:
             self.norm = nn.LayerNorm(d)
             self.W_alpha = nn.Parameter(torch.zeros(d, n + 1))
@@ -311,37 +333,36 @@ class HyperConnection(ResidualUpdate):
 
     @classmethod
     def from_config(cls, cfg, layer, causal):
-        return cls(cfg.n_embd, cfg.options.hc_rate, layer, cfg.options.hc_dynamic)
+        o = cfg.options
+        return cls(cfg.n_embd, o.hc_rate, layer, o.hc_dynamic, o.hc_recompute)
 
     @classmethod
-    def widen(cls, cfg, x):  # (B, T, d) -> (B, T, n, d)
-        return x.unsqueeze(-2).expand(*x.shape[:-1], cfg.options.hc_rate, x.shape[-1])
+    def copies(cls, cfg):
+        return cfg.options.hc_rate
 
-    @classmethod
-    def reduce(cls, cfg, x):  # (B, T, n, d) -> (B, T, d)
-        return x.sum(-2)
+    def mix(self, H):
+        """(h_0 (..., d), H' (..., n, d), B (..., n)) for the stream H (..., n, d), in float32."""
+        alpha, beta = self.static_alpha, self.static_beta
+        if self.dynamic:
+            H_bar = F.layer_norm(H, H.shape[-1:], self.norm.weight.to(H.dtype), self.norm.bias.to(H.dtype))
+            z = torch.tanh(H_bar @ torch.cat([self.W_alpha, self.W_beta], 1).to(H.dtype))  # one product, (..., n, n + 2)
+            alpha = self.s_alpha * z[..., :-1] + alpha
+            beta = self.s_beta * z[..., -1] + beta
+        out = combine(alpha, H)  # (..., n + 1, d): h_0 = sum_i A_m[i] H_i, then H'_j = sum_i A_r[i, j] H_i
+        return out[..., 0, :], out[..., 1:, :], beta
 
-    def weights(self, H):
-        """([A_m A_r] (..., n, n + 1), B (..., n)) for the stream H (..., n, d), in float32."""
-        if not self.dynamic:
-            return self.static_alpha, self.static_beta
-        H_bar = F.layer_norm(H, H.shape[-1:], self.norm.weight.to(H.dtype), self.norm.bias.to(H.dtype))
-        alpha = self.s_alpha * torch.tanh(H_bar @ self.W_alpha.to(H.dtype)) + self.static_alpha
-        beta = self.s_beta * torch.tanh(H_bar @ self.W_beta.to(H.dtype)).squeeze(-1) + self.static_beta
-        return alpha, beta
-
-    def read(self, x):
+    def prepare(self, x, cache=None):
         H = wide(x)
         with exact(H):
-            alpha, _ = self.weights(H)
-        return (alpha[..., 0].unsqueeze(-1) * H).sum(-2).to(x.dtype)  # h_0 = sum_i A_m[i] H_i
+            if self.recompute and torch.is_grad_enabled():
+                h, mixed, post = checkpoint(self.mix, H, use_reentrant=False)
+            else:
+                h, mixed, post = self.mix(H)
+        return h.to(x.dtype, copy=True), (mixed, post)  # a copy: a view would keep all n + 1 rows for backward
 
-    def forward(self, x, u, cache=None):
-        H = wide(x)
-        with exact(H):
-            alpha, beta = self.weights(H)
-            mixed = torch.einsum('...ij,...id->...jd', alpha[..., 1:], H)  # H'_j = sum_i A_r[i, j] H_i
-        return (beta.unsqueeze(-1) * wide(u).unsqueeze(-2) + mixed).to(x.dtype)
+    def forward(self, x, u, state):
+        mixed, post = state
+        return (mixed + post.unsqueeze(-1) * wide(u).unsqueeze(-2)).to(x.dtype)  # H' + B^T u, (..., n, d)
 
 
 def sinkhorn(logits, iters):
@@ -359,26 +380,101 @@ def sinkhorn(logits, iters):
     return m
 
 
+class SinkhornMixing(nn.Module):
+    """H_res = Sinkhorn-Knopp(H~_res), `iters` rounds ([mHC] Eq. 8-9): doubly stochastic, the rows
+    exactly, the columns as closely as the rounds bring them (sinkhorn). H~_res starts at 0 on
+    the diagonal and -8 off it: H_res near I (the paper gives no initialisation)."""
+
+    def __init__(self, n, iters):
+        super().__init__()
+        self.shape, self.iters = (n, n), iters
+
+    def initial(self):
+        return torch.eye(self.shape[0]) * 8 - 8
+
+    def forward(self, z):  # (..., n, n) -> (..., n, n)
+        return sinkhorn(z, self.iters)
+
+
+class PermutationMixing(nn.Module):
+    """H_res = sum_k a_k P_k, a = softmax(H~_res) over the n! permutation matrices P_k ([mHC-lite]
+    Y. Yang, J. Gao. "mHC-lite: You Don't Need 20 Sinkhorn-Knopp Iterations". arXiv:2601.05732):
+    a convex combination of permutation matrices, so doubly stochastic exactly (Birkhoff-von
+    Neumann), with no iterations. H~_res (n!) starts at 0 for the identity, -8 for the others,
+    as mHC-lite's code: H_res near I."""
+
+    def __init__(self, n, iters=None):
+        super().__init__()
+        perms = torch.eye(n)[torch.tensor(list(itertools.permutations(range(n))))]  # (n!, n, n), the identity first
+        self.register_buffer('perms', perms, persistent=False)
+        self.shape = (len(perms),)
+
+    def initial(self):
+        return torch.cat([torch.zeros(1), torch.full((self.shape[0] - 1,), -8.0)])
+
+    def forward(self, z):  # (..., n!) -> (..., n, n)
+        return torch.einsum('...k,kij->...ij', torch.softmax(z, -1), self.perms.to(z.dtype))
+
+
+class CayleyMixing(nn.Module):
+    """H_res = (I + A)^-1 (I - A), A = W - W^T, W = H~_res (n x n): orthogonal, with det 1 ([JPmHC]
+    B. Sengupta, J. Wang, L. Brunswic. "JPmHC: Dynamical Isometry via Orthogonal Hyper-
+    Connections". arXiv:2602.18308, Sec. 3.1), through [OViT]'s Cayley map of the Q/K/V (cayley),
+    per token. W starts at 0: H_res = I exactly. Where JPmHC differs: it runs two fixed-point steps
+    towards (I - a/2 W)^-1 (I + a/2 W), a = 0.1 (the same family of maps), where this inverts
+    exactly; and it reads and writes through n x n softmax matrices after a LayerNorm, where this
+    keeps mHC's sigmoids and RMSNorm, so that only H_res's constraint differs from mHC."""
+
+    def __init__(self, n, iters=None):
+        super().__init__()
+        self.shape = (n, n)
+
+    def initial(self):
+        return torch.zeros(self.shape)
+
+    def forward(self, z):  # (..., n, n) -> (..., n, n)
+        return cayley(z)
+
+
+class IdentityMixing(nn.Module):
+    """H_res = I: the copies are not mixed, only read and written, the ablation of H_res that [HC]
+    and [mHC] report. No coefficients."""
+    shape = (0,)
+
+    def __init__(self, n, iters=None):
+        super().__init__()
+
+
+MIXINGS = {'sinkhorn': SinkhornMixing, 'identity': IdentityMixing, 'permutation': PermutationMixing,
+           'cayley': CayleyMixing}  # config value `mhc_res` -> H_res's constraint
+
+
 @register('mhc')
 class ManifoldHyperConnection(HyperConnection):
-    """mHC ([mHC] Sec. 4), Hyper-Connections whose residual mixing is doubly stochastic, with H
-    (..., n, d) the n copies, and, for branch F:
+    """mHC ([mHC] Sec. 4), Hyper-Connections whose residual mixing is constrained, with H (..., n, d)
+    the n copies, and, for branch F:
 
         H <- H_res H + H_post^T F(H_pre H)                                        (Eq. 3)
 
     Coefficients from the whole flattened stream, per token (Eq. 7): x' = RMSNorm(vec(H)) (n d),
         H_pre~ = a_pre x' phi_pre + b_pre,  H_post~ = a_post x' phi_post + b_post,
         H_res~ = a_res mat(x' phi_res) + b_res,
-    then (Eq. 8) H_pre = sigmoid(H_pre~) and H_post = 2 sigmoid(H_post~), non-negative, and
-    H_res = Sinkhorn-Knopp(H_res~), mhc_sinkhorn_iters rounds (20, Eq. 9). The RMSNorm's weight is
-    absorbed in phi (Sec. 4.3.1); coefficients and Sinkhorn in float32 (Eq. 10-19); the gates a
-    start at 0.01 (App. A.1, Table 5). Static (hc_dynamic=False): the biases alone.
-    Initialisation (the paper gives none): phi = 0; b_post = 0, so H_post = 1 (HC's B); b_pre =
-    -log(n - 1), so H_pre = 1/n (the uniform read of its Table 1); b_res 0 on the diagonal and -8
-    off it, so H_res is near I (HC's A_r). Identical copies then stay identical and the branch
-    reads exactly the pre-norm stream: at init the model is the pre-norm additive one.
+    then (Eq. 8) H_pre = sigmoid(H_pre~) and H_post = 2 sigmoid(H_post~), non-negative, and H_res
+    from H_res~ under the constraint mhc_res (MIXINGS): 'sinkhorn', the paper's doubly stochastic
+    Sinkhorn-Knopp projection, mhc_sinkhorn_iters rounds (20, Eq. 9); 'permutation' ([mHC-lite]:
+    H_res~ has n! entries); 'cayley' ([JPmHC], orthogonal); 'identity' (no H_res~). The RMSNorm's
+    weight is absorbed in phi (Sec. 4.3.1); coefficients and H_res in float32 (Eq. 10-19); the
+    gates a start at 0.01 (App. A.1, Table 5). Static (hc_dynamic=False): the biases alone. As for
+    HC, prepare computes them once per sublayer, with the read and the mixing in one product.
+    Initialisation (the paper gives none): phi = 0; b_post = 0, so H_post = 1 (HC's B); H_res near
+    I (exactly I for 'cayley'); b_pre such that H_pre = softmax(e_k), e_k the one-hot of copy
+    k = layer mod n (for n = 4: 0.475 on copy k, 0.175 on the others). Its entries sum to 1, so at
+    init every copy stays the pre-norm stream and the branch reads it exactly: the model is the
+    pre-norm additive one. Favouring copy k parts the copies by design, as HC's one-hot A_m does
+    (lucidrains' and mHC-lite's code favour one copy too): with a uniform H_pre, every copy would
+    get the same gradient, and the copies would part only by rounding.
     Ours too, where the paper is silent: widened and reduced as HC (n copies of the embeddings;
-    their sum before the final norm); no weight decay on the biases b, as on HC's static weights
+    their mean before the final norm); no weight decay on the biases b, as on HC's static weights
     (its Table 5 gives one weight decay, 0.1); the static variant, HC's SHC for mHC.
     [mHC] Z. Xie et al. "mHC: Manifold-Constrained Hyper-Connections". arXiv:2512.24880
     """
@@ -387,33 +483,48 @@ class ManifoldHyperConnection(HyperConnection):
     class Options:
         hc_rate: int = 4  # [mHC] the expansion rate n: copies of the stream
         hc_dynamic: bool = True  # [mHC] Eq. 7: coefficients from the stream; False: the static biases alone
+        hc_recompute: bool = False  # [mHC] Sec. 4.3: backward computes the coefficients and mixing again (less memory)
+        mhc_res: Literal['sinkhorn', 'identity', 'permutation', 'cayley'] = 'sinkhorn'  # H_res's constraint (MIXINGS)
         mhc_sinkhorn_iters: int = 20  # [mHC] Eq. 9: Sinkhorn-Knopp rounds (t_max)
 
     @classmethod
     def check(cls, cfg):
-        super().check(cfg)
-        if cfg.options.mhc_sinkhorn_iters < 1:
-            raise ValueError(f"mhc_sinkhorn_iters={cfg.options.mhc_sinkhorn_iters} must be at least 1")
+        o = cfg.options
+        if o.hc_rate < 2:
+            raise ValueError(f"hc_rate={o.hc_rate}: mHC mixes at least 2 copies of the stream")
+        if o.mhc_res not in MIXINGS:
+            raise ValueError(f"mhc_res={o.mhc_res!r} is not one of {' | '.join(map(repr, MIXINGS))}")
+        if o.mhc_sinkhorn_iters < 1:
+            raise ValueError(f"mhc_sinkhorn_iters={o.mhc_sinkhorn_iters} must be at least 1")
+        if o.mhc_res == 'permutation' and o.hc_rate > 6:
+            raise ValueError(f"mhc_res='permutation' mixes all {math.factorial(o.hc_rate)} permutations of "
+                             f"hc_rate={o.hc_rate} copies; use hc_rate <= 6, or mhc_res='sinkhorn'")
 
-    def __init__(self, d, n, layer, dynamic, iters):
+    def __init__(self, d, n, layer, dynamic, iters, res='sinkhorn', recompute=False):
         nn.Module.__init__(self)
-        self.n, self.dynamic, self.iters = n, dynamic, iters
-        self.b_pre = nn.Parameter(torch.full((n,), -math.log(n - 1) if n > 1 else 10.0))
+        self.n, self.dynamic, self.iters, self.recompute = n, dynamic, iters, recompute
+        self.mixing = MIXINGS[res](n, iters)
+        pre = torch.softmax(F.one_hot(torch.tensor(layer % n), n).double(), -1)
+        self.b_pre = nn.Parameter(torch.logit(pre).float())
         self.b_post = nn.Parameter(torch.zeros(n))
-        self.b_res = nn.Parameter(torch.eye(n) * 8 - 8)
+        k = math.prod(self.mixing.shape)
+        self.b_res = nn.Parameter(self.mixing.initial()) if k else None
         for p in (self.b_pre, self.b_post, self.b_res):
-            p.decay = False
+            if p is not None:
+                p.decay = False
         if dynamic:
-            self.phi = nn.Parameter(torch.zeros(n * d, n * n + 2 * n))  # [phi_pre | phi_post | phi_res]
-            self.a_pre, self.a_post, self.a_res = (nn.Parameter(torch.full((1,), 0.01)) for _ in range(3))
+            self.phi = nn.Parameter(torch.zeros(n * d, 2 * n + k))  # [phi_pre | phi_post | phi_res]
+            self.a_pre, self.a_post = nn.Parameter(torch.full((1,), 0.01)), nn.Parameter(torch.full((1,), 0.01))
+            self.a_res = nn.Parameter(torch.full((1,), 0.01)) if k else None
 
     @classmethod
     def from_config(cls, cfg, layer, causal):
         o = cfg.options
-        return cls(cfg.n_embd, o.hc_rate, layer, o.hc_dynamic, o.mhc_sinkhorn_iters)
+        return cls(cfg.n_embd, o.hc_rate, layer, o.hc_dynamic, o.mhc_sinkhorn_iters, o.mhc_res, o.hc_recompute)
 
-    def weights(self, H):
-        """(H_pre (..., n), H_post (..., n), H_res (..., n, n)) for the stream H (..., n, d), float32."""
+    def coefficients(self, H):
+        """(H_pre (..., n), H_post (..., n), H_res (..., n, n), or None for the identity) for the
+        stream H (..., n, d), in float32."""
         n = self.n
         pre, post, res = self.b_pre, self.b_post, self.b_res
         if self.dynamic:
@@ -421,21 +532,17 @@ class ManifoldHyperConnection(HyperConnection):
             z = (x @ self.phi.to(x.dtype)) * torch.rsqrt(x.square().mean(-1, keepdim=True) + 1e-20)  # RMSNorm after phi (Eq. 15-16)
             pre = self.a_pre * z[..., :n] + pre
             post = self.a_post * z[..., n:2 * n] + post
-            res = self.a_res * z[..., 2 * n:].unflatten(-1, (n, n)) + res
-        return torch.sigmoid(pre), 2 * torch.sigmoid(post), sinkhorn(res, self.iters)
+            if res is not None:
+                res = self.a_res * z[..., 2 * n:].unflatten(-1, self.mixing.shape) + res
+        return torch.sigmoid(pre), 2 * torch.sigmoid(post), None if res is None else self.mixing(res)
 
-    def read(self, x):
-        H = wide(x)
-        with exact(H):
-            pre, _, _ = self.weights(H)
-        return (pre.unsqueeze(-1) * H).sum(-2).to(x.dtype)  # sum_j H_pre[j] H_j
-
-    def forward(self, x, u, cache=None):
-        H = wide(x)
-        with exact(H):
-            _, post, res = self.weights(H)
-            mixed = res @ H  # new_i = sum_j H_res[i, j] H_j
-        return (mixed + post.unsqueeze(-1) * wide(u).unsqueeze(-2)).to(x.dtype)  # ... + H_post[i] u
+    def mix(self, H):
+        """(sum_j H_pre[j] H_j (..., d), H_res H (..., n, d), H_post (..., n)) for H (..., n, d)."""
+        pre, post, res = self.coefficients(H)
+        if res is None:  # the identity: the copies as they are
+            return (pre.unsqueeze(-2) @ H).squeeze(-2), H, post
+        out = combine(torch.cat([pre.unsqueeze(-2), res], dim=-2).mT, H)  # (..., n + 1, d): the read, then new_i = sum_j H_res[i, j] H_j
+        return out[..., 0, :], out[..., 1:, :], post
 
 
 # ----------------------------------------------------------------------------- 2. orthogonal Q/K/V
@@ -685,9 +792,9 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """x <- update(x, attn(norm(x))); x <- update(x, mlp(norm(x))); a rule with a wider stream
-    hands each branch its own read of it (ResidualUpdate.read). `normalized`: nGPT's branches,
-    as the trunk reads it from the rule."""
+    """x <- update(x, attn(norm(x))); x <- update(x, mlp(norm(x))); the rule prepares each branch's
+    input (a wider stream's read of its copies, ResidualUpdate.prepare). `normalized`: nGPT's
+    branches, as the trunk reads it from the rule."""
 
     def __init__(self, cfg, layer, causal, normalized=False):
         super().__init__()
@@ -700,9 +807,10 @@ class Block(nn.Module):
         self.update_mlp = rule.from_config(cfg, 2 * layer + 1, causal)
 
     def forward(self, x, cache=None):  # (B, T, C), or the rule's wider stream
-        x = self.update_attn(x, self.attn(self.ln_1(self.update_attn.read(x)), cache), cache=cache)
-        x = self.update_mlp(x, self.mlp(self.ln_2(self.update_mlp.read(x))), cache=cache)
-        return x
+        h, state = self.update_attn.prepare(x, cache)  # (B, T, C)
+        x = self.update_attn(x, self.attn(self.ln_1(h), cache), state)
+        h, state = self.update_mlp.prepare(x, cache)
+        return self.update_mlp(x, self.mlp(self.ln_2(h)), state)
 
     def stream_matrices(self):
         """(weight, dim) of each matrix that reads the stream (dim -1) or writes into it (dim 0),
@@ -765,10 +873,11 @@ class Trunk:
         return logits if self.s_z is None else logits * self.s_z()
 
     def trunk(self, x, cache=None):  # (B, T, C) embeddings -> (B, T, C) features for the head
-        x = self.rule.widen(self.config, self.ln_emb(x))
+        n = self.rule.copies(self.config)
+        x = copied(self.ln_emb(x), n)  # (B, T, C), or n copies (B, T, n, C)
         for block in self.blocks:
             x = block(x, cache)
-        return self.ln_f(self.rule.reduce(self.config, x))
+        return self.ln_f(x.mean(-2) if n else x)
 
     def stream_matrices(self):
         """(weight, dim) of every embedding, head and block matrix that reads the stream or writes
@@ -824,17 +933,6 @@ class GPT(Trunk, nn.Module):
         if config.tie_weights:
             self.wte.weight = self.lm_head.weight
         self.init_weights()
-
-    @classmethod
-    def from_pretrained(cls, name_or_dir, **overrides):
-        """A GPT with the weights of OpenAI's GPT-2 ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl',
-        from the Hugging Face hub) or of a Hugging Face folder: GPT-2's, or one that OrthoGPT's
-        export wrote. overrides: config keys that keep the weights (dropout, a rule that builds
-        the same parameters, a shorter block_size, ...); the others fail to load."""
-        keys, state = read_pretrained(name_or_dir)
-        model = cls(GPTConfig(**{**keys, **overrides}))
-        model.load_state_dict(dict(state, **{'wpe.weight': state['wpe.weight'][:model.config.block_size]}))
-        return model
 
     @torch.no_grad()
     def init_weights(self):
@@ -954,86 +1052,3 @@ class ViT(Trunk, nn.Module):
         if labels is not None:
             loss = F.cross_entropy(logits, labels, label_smoothing=self.config.label_smoothing)
         return logits, loss
-
-
-# ----------------------------------------------------------------------------- GPT-2 weights in
-
-GPT2_HUB = {name: f'openai-community/{name}' for name in ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl')}
-GPT2_ARCH = dict(norm='layernorm', bias=True, activation='gelu_tanh', tie_weights=True, qkv='dense')
-GPT2_ACTIVATIONS = {'gelu_new': 'gelu_tanh', 'gelu_pytorch_tanh': 'gelu_tanh', 'gelu': 'gelu', 'relu': 'relu'}
-GPT2_CONV1D = re.compile(r'blocks\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight')  # stored (in, out)
-
-
-def pretrained_folder(name_or_dir):
-    """The local folder of a checkpoint: the folder itself, or the hub's copy of a GPT-2 model."""
-    if os.path.isdir(name_or_dir):
-        return name_or_dir
-    if name_or_dir not in GPT2_HUB:
-        raise ValueError(f"{name_or_dir!r} is neither a GPT-2 name ({', '.join(GPT2_HUB)}) nor a folder")
-    from huggingface_hub import hf_hub_download
-    repo, offline = GPT2_HUB[name_or_dir], os.environ.get('HF_HUB_OFFLINE', '0').lower() not in ('', '0', 'false', 'no')
-    try:  # offline: the hub's cache alone, at once, rather than retries of a request that cannot succeed
-        return os.path.dirname([hf_hub_download(repo, f, local_files_only=offline)
-                                for f in ('config.json', 'model.safetensors')][0])
-    except Exception as e:
-        why = ("the hub is out of reach (HF_HUB_OFFLINE, or huggingface.co does not resolve) and it is not in "
-               "the hub's cache" if offline else f"{type(e).__name__}: {str(e)[:200]}")
-        raise OSError(f"could not fetch {name_or_dir} from the Hugging Face hub ({why}); put {repo}'s config.json "
-                      f"and model.safetensors in a folder and pass the folder") from e
-
-
-def read_pretrained(name_or_dir):
-    """(GPTConfig keys, state dict in our names and orientation) of a Hugging Face folder in GPT-2's
-    layout (model_type 'gpt2', as OpenAI's checkpoints) or OrthoGPT's ('orthogpt': our GPTConfig
-    and state dict as they are), or of a GPT-2 name on the hub."""
-    from safetensors.torch import load_file
-    folder = pretrained_folder(name_or_dir)
-    missing = [f for f in ('config.json', 'model.safetensors') if not os.path.isfile(os.path.join(folder, f))]
-    if missing:
-        raise ValueError(f"{folder} holds no {' and no '.join(missing)}: a Hugging Face folder holds config.json "
-                         f"and model.safetensors")
-    with open(os.path.join(folder, 'config.json')) as f:
-        hf = json.load(f)
-    tensors = load_file(os.path.join(folder, 'model.safetensors'))
-    if hf.get('model_type') == 'orthogpt':  # JSON's lists are the config's tuples
-        keys = {k: tuple(v) if isinstance(v, list) else v for k, v in hf['config'].items()}
-        keys['options'] = {k: tuple(v) if isinstance(v, list) else v for k, v in keys.get('options', {}).items()}
-    elif hf.get('model_type') == 'gpt2':
-        keys, tensors = gpt2_keys(hf, folder), gpt2_state(tensors)
-    else:
-        raise ValueError(f"{folder}: model_type {hf.get('model_type')!r}; GPT-2's ('gpt2') and OrthoGPT's "
-                         f"('orthogpt') are read")
-    if keys['tie_weights']:
-        tensors['lm_head.weight'] = tensors['wte.weight']
-    return keys, tensors
-
-
-def gpt2_keys(hf, folder):
-    """GPTConfig keys for a GPT-2 config.json; what this GPT cannot compute is refused."""
-    d = hf['n_embd']
-    unsupported = [k for k, ok in (
-        ('activation_function', hf.get('activation_function', 'gelu_new') in GPT2_ACTIVATIONS),
-        ('layer_norm_epsilon', hf.get('layer_norm_epsilon', 1e-5) == 1e-5),
-        ('n_inner', hf.get('n_inner') in (None, 4 * d)),
-        ('scale_attn_weights', hf.get('scale_attn_weights', True)),
-        ('scale_attn_by_inverse_layer_idx', not hf.get('scale_attn_by_inverse_layer_idx')),
-        ('reorder_and_upcast_attn', not hf.get('reorder_and_upcast_attn'))) if not ok]
-    if unsupported:
-        raise ValueError(f"{folder}: GPT-2 settings this GPT does not compute: "
-                         + ', '.join(f"{k}={hf.get(k)!r}" for k in unsupported))
-    return dict(GPT2_ARCH, n_layer=hf['n_layer'], n_head=hf['n_head'], n_embd=d, vocab_size=hf['vocab_size'],
-                block_size=hf['n_positions'], activation=GPT2_ACTIVATIONS[hf.get('activation_function', 'gelu_new')],
-                tie_weights=hf.get('tie_word_embeddings', True))
-
-
-def gpt2_state(tensors):
-    """GPT-2's tensors in our names: h.N -> blocks.N, Conv1D weights transposed, the causal-mask
-    buffers dropped."""
-    state = {}
-    for name, t in tensors.items():
-        name = re.sub(r'^h\.', 'blocks.', name.removeprefix('transformer.'))
-        if re.fullmatch(r'blocks\.\d+\.attn\.(masked_)?bias', name):
-            continue
-        state[name] = t.t().contiguous() if GPT2_CONV1D.fullmatch(name) else t
-    return state
-

@@ -5,7 +5,7 @@
 #   python train.py config/gpt2_tiny_cpu.py
 #   python tools/export.py --out_dir=out-gpt2-tiny-cpu --to=out-gpt2-tiny-cpu-hf
 #   python tools/eval_hellaswag.py --init_from=out-gpt2-tiny-cpu-hf --data=hellaswag_val.jsonl
-# GPT-2's architecture (model.GPT2_ARCH: LayerNorm and Linear biases, GELU's tanh form, a tied head,
+# GPT-2's architecture (orthogpt.hf.GPT2_ARCH: LayerNorm and Linear biases, GELU's tanh form, a tied head,
 # dense Q/K/V), additive updates and GPT-2's initialisation, at 4 layers x 128 over GPT-2's
 # 50257 tokens (padded to 50304): the tied embedding is most of its 7.2M parameters.
 out_dir = 'out-gpt2-tiny-cpu'

@@ -8,4 +8,5 @@ out_dir = 'out-shakespeare-mhc'
 residual = 'mhc'
 hc_rate = 4
 hc_dynamic = True
+mhc_res = 'sinkhorn'
 mhc_sinkhorn_iters = 20

@@ -55,7 +55,7 @@ def update_stats(model, idx):
 
     def hook(l):
         def pre_hook(module, args):  # of a wider stream, what the branch read from it
-            x, u = module.read(args[0]).float(), args[1].float()
+            x, u = module.prepare(args[0])[0].float(), args[1].float()
             xx, uu, xu = (x * x).sum(-1), (u * u).sum(-1), (x * u).sum(-1)  # (B, T)
             par = xu * xu / xx
             perp = (uu - par).clamp_min(0)

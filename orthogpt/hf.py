@@ -1,17 +1,16 @@
 """The Hugging Face format: pretrained weights into a training run, a run's model out to a folder.
 
-    model = GPT.from_pretrained('gpt2')            # model.py: 'gpt2', ..., 'gpt2-xl', or a folder
+    model = hf.from_pretrained('gpt2')             # 'gpt2', ..., 'gpt2-xl', or a folder
     python train.py config/finetune_shakespeare.py # init_from='gpt2': fine-tune from OpenAI's weights
     python tools/export.py --out_dir=RUN --to=DIR  # DIR/config.json and DIR/model.safetensors
 
 A folder holds config.json and model.safetensors, in one of two layouts:
 - GPT-2's (model_type 'gpt2'), which transformers' GPT2LMHeadModel loads with no custom code. A GPT
-  with GPT-2's architecture (model.GPT2_ARCH: LayerNorm and Linear biases, GELU's tanh
-  approximation, a tied head, dense Q/K/V) whose every update is additive is exported so; OpenAI's
-  checkpoints are read so. GPT-2 stores each Linear weight as a Conv1D's, (in, out), transposed
-  from ours.
+  with GPT-2's architecture (GPT2_ARCH: LayerNorm and Linear biases, GELU's tanh approximation, a
+  tied head, dense Q/K/V) whose every update is additive is exported so; OpenAI's checkpoints are
+  read so. GPT-2 stores each Linear weight as a Conv1D's, (in, out), transposed from ours.
 - OrthoGPT's own (model_type 'orthogpt') for every other variant: our GPTConfig and state dict as
-  they are, which GPT.from_pretrained reads back exactly.
+  they are, which from_pretrained reads back exactly.
 The vocabulary is the checkpoint's (GPT-2: 50257, not padded), so there is no padding to sample.
 """
 
@@ -20,13 +19,101 @@ import os
 import re
 from dataclasses import asdict, fields, replace
 
-from model import GPT2_ARCH, GPT2_CONV1D, GPT2_HUB, AdditiveUpdate, GPTConfig, read_pretrained
+from model import GPT, AdditiveUpdate, GPTConfig
 from orthogpt import bpe, hub
 from orthogpt.errors import UserError
 from orthogpt.files import write_bytes, write_text
 from orthogpt.resume import SWITCHABLE
 
 FREE = SWITCHABLE | {'block_size'}  # keys a run may set otherwise, keeping the weights (block_size: fewer positions)
+
+GPT2_HUB = {name: f'openai-community/{name}' for name in ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl')}
+GPT2_ARCH = dict(norm='layernorm', bias=True, activation='gelu_tanh', tie_weights=True, qkv='dense')
+GPT2_ACTIVATIONS = {'gelu_new': 'gelu_tanh', 'gelu_pytorch_tanh': 'gelu_tanh', 'gelu': 'gelu', 'relu': 'relu'}
+GPT2_CONV1D = re.compile(r'blocks\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight')  # stored (in, out)
+
+
+def from_pretrained(name_or_dir, **overrides):
+    """A GPT with the weights of OpenAI's GPT-2 ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl',
+    from the Hugging Face hub) or of a Hugging Face folder: GPT-2's, or one that OrthoGPT's
+    export wrote. overrides: config keys that keep the weights (dropout, a rule that builds the
+    same parameters, a shorter block_size, ...); the others fail to load."""
+    keys, state = read_pretrained(name_or_dir)
+    return fit(GPT(GPTConfig(**{**keys, **overrides})), state)
+
+
+def pretrained_folder(name_or_dir):
+    """The local folder of a checkpoint: the folder itself, or the hub's copy of a GPT-2 model."""
+    if os.path.isdir(name_or_dir):
+        return name_or_dir
+    if name_or_dir not in GPT2_HUB:
+        raise ValueError(f"{name_or_dir!r} is neither a GPT-2 name ({', '.join(GPT2_HUB)}) nor a folder")
+    from huggingface_hub import hf_hub_download
+    repo, offline = GPT2_HUB[name_or_dir], os.environ.get('HF_HUB_OFFLINE', '0').lower() not in ('', '0', 'false', 'no')
+    try:  # offline: the hub's cache alone, at once, rather than retries of a request that cannot succeed
+        return os.path.dirname([hf_hub_download(repo, f, local_files_only=offline)
+                                for f in ('config.json', 'model.safetensors')][0])
+    except Exception as e:
+        why = ("the hub is out of reach (HF_HUB_OFFLINE, or huggingface.co does not resolve) and it is not in "
+               "the hub's cache" if offline else f"{type(e).__name__}: {str(e)[:200]}")
+        raise OSError(f"could not fetch {name_or_dir} from the Hugging Face hub ({why}); put {repo}'s config.json "
+                      f"and model.safetensors in a folder and pass the folder") from e
+
+
+def read_pretrained(name_or_dir):
+    """(GPTConfig keys, state dict in our names and orientation) of a Hugging Face folder in GPT-2's
+    layout (model_type 'gpt2', as OpenAI's checkpoints) or OrthoGPT's ('orthogpt': our GPTConfig
+    and state dict as they are), or of a GPT-2 name on the hub."""
+    from safetensors.torch import load_file
+    folder = pretrained_folder(name_or_dir)
+    missing = [f for f in ('config.json', 'model.safetensors') if not os.path.isfile(os.path.join(folder, f))]
+    if missing:
+        raise ValueError(f"{folder} holds no {' and no '.join(missing)}: a Hugging Face folder holds config.json "
+                         f"and model.safetensors")
+    with open(os.path.join(folder, 'config.json')) as f:
+        hf = json.load(f)
+    tensors = load_file(os.path.join(folder, 'model.safetensors'))
+    if hf.get('model_type') == 'orthogpt':  # JSON's lists are the config's tuples
+        keys = {k: tuple(v) if isinstance(v, list) else v for k, v in hf['config'].items()}
+        keys['options'] = {k: tuple(v) if isinstance(v, list) else v for k, v in keys.get('options', {}).items()}
+    elif hf.get('model_type') == 'gpt2':
+        keys, tensors = gpt2_keys(hf, folder), gpt2_state(tensors)
+    else:
+        raise ValueError(f"{folder}: model_type {hf.get('model_type')!r}; GPT-2's ('gpt2') and OrthoGPT's "
+                         f"('orthogpt') are read")
+    if keys['tie_weights']:
+        tensors['lm_head.weight'] = tensors['wte.weight']
+    return keys, tensors
+
+
+def gpt2_keys(hf, folder):
+    """GPTConfig keys for a GPT-2 config.json; what this GPT cannot compute is refused."""
+    d = hf['n_embd']
+    unsupported = [k for k, ok in (
+        ('activation_function', hf.get('activation_function', 'gelu_new') in GPT2_ACTIVATIONS),
+        ('layer_norm_epsilon', hf.get('layer_norm_epsilon', 1e-5) == 1e-5),
+        ('n_inner', hf.get('n_inner') in (None, 4 * d)),
+        ('scale_attn_weights', hf.get('scale_attn_weights', True)),
+        ('scale_attn_by_inverse_layer_idx', not hf.get('scale_attn_by_inverse_layer_idx')),
+        ('reorder_and_upcast_attn', not hf.get('reorder_and_upcast_attn'))) if not ok]
+    if unsupported:
+        raise ValueError(f"{folder}: GPT-2 settings this GPT does not compute: "
+                         + ', '.join(f"{k}={hf.get(k)!r}" for k in unsupported))
+    return dict(GPT2_ARCH, n_layer=hf['n_layer'], n_head=hf['n_head'], n_embd=d, vocab_size=hf['vocab_size'],
+                block_size=hf['n_positions'], activation=GPT2_ACTIVATIONS[hf.get('activation_function', 'gelu_new')],
+                tie_weights=hf.get('tie_word_embeddings', True))
+
+
+def gpt2_state(tensors):
+    """GPT-2's tensors in our names: h.N -> blocks.N, Conv1D weights transposed, the causal-mask
+    buffers dropped."""
+    state = {}
+    for name, t in tensors.items():
+        name = re.sub(r'^h\.', 'blocks.', name.removeprefix('transformer.'))
+        if re.fullmatch(r'blocks\.\d+\.attn\.(masked_)?bias', name):
+            continue
+        state[name] = t.t().contiguous() if GPT2_CONV1D.fullmatch(name) else t
+    return state
 
 
 def is_pretrained(init_from):
@@ -144,8 +231,8 @@ def readme(layout, cfg, tokenizer, gpt2_tokens):
     else:
         lines += ["OrthoGPT's own layout (`model_type` 'orthogpt'): its residual update, Q/K/V map or norms are none "
                   "of transformers' GPT-2, so transformers cannot load it (it would ask for a newer version: it knows "
-                  "no model type 'orthogpt'). OrthoGPT's `model.py` reads it back exactly:", "", "```python",
-                  "from model import GPT   # in a clone of OrthoGPT", "model = GPT.from_pretrained('.')", "```"]
+                  "no model type 'orthogpt'). OrthoGPT's `orthogpt.hf` reads it back exactly:", "", "```python",
+                  "from orthogpt import hf   # in a clone of OrthoGPT", "model = hf.from_pretrained('.')", "```"]
     if gpt2_tokens and not tokenizer:
         lines += ["", "Its tokens are GPT-2's BPE (tiktoken's 'gpt2' encoding); the tokenizer's files were not in "
                       "tiktoken's cache when it was exported, so none are here."]

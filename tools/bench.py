@@ -24,7 +24,8 @@ orthogonal Q/K/V map of one layer, and every layer's maps in one batched call (a
 computes them). The step table's "saved for backward" column is the activation memory of one
 eager forward of a micro-batch (what a wider stream multiplies), on a CPU as on a GPU.
 The variants are every residual rule in model.RESIDUALS (with dense Q/K/V) and every orthogonal
-Q/K/V map in model.QKV_MAPS (with the additive rule).
+Q/K/V map in model.QKV_MAPS (with the additive rule); `--variants=hc,hc:hc_recompute=True`
+sets keys of a variant's own, such as its rule's options.
 """
 
 import argparse
@@ -39,7 +40,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 import configure  # noqa: E402
-from model import QKV_MAPS, RESIDUALS, OrthogonalQKV  # noqa: E402
+from model import QKV_MAPS, RESIDUALS, OrthogonalQKV, copied  # noqa: E402
 from orthogpt import diagnostics, errors, parallel  # noqa: E402
 from orthogpt.errors import UserError  # noqa: E402
 from orthogpt.optim import StepScaler, make_optimizer, train_step  # noqa: E402
@@ -174,26 +175,36 @@ def main(argv=None):
     p.add_argument('--sample_tokens', type=int, default=500, help='new tokens per timed generation')
     p.add_argument('--rules', action='store_true', help='time each update rule and Q/K/V map alone instead')
     args, rest = p.parse_known_args(argv)
-    base = configure.load(args.config + rest)
-    known = variants()
-    unknown = [v for v in args.variants.split(',') if v not in known]
-    if unknown:
-        raise UserError(f"unknown variant(s) {unknown}; choose from {', '.join(known)}")
-    base = replace(base, compile=args.compile)
+    configs = {v: replace(configure.load(args.config + rest + overrides(v)), compile=args.compile)
+               for v in args.variants.split(',')}
+    base = replace(configure.load(args.config + rest), compile=args.compile)
     env = parallel.setup(base)
     try:
-        bench(base, env, args)
+        bench(base, configs, env, args)
     finally:
         parallel.teardown(env)
 
 
-def bench(base, env, args):
+def overrides(variant):
+    """The config overrides of a variant: NAME (one of variants()), or NAME:key=value:... with more
+    keys set over it, such as its rule's options (mhc:mhc_res=identity:hc_recompute=True)."""
+    name, *keys = variant.split(':')
+    known = variants()
+    if name not in known:
+        raise UserError(f"unknown variant {name!r} in {variant!r}; choose from {', '.join(known)}, each optionally "
+                        f"followed by :key=value")
+    bad = [k for k in keys if '=' not in k]
+    if bad:
+        raise UserError(f"variant {variant!r}: {', '.join(bad)} is not key=value")
+    return [f'--{k}={v}' for k, v in known[name].items()] + [f'--{k}' for k in keys]
+
+
+def bench(base, configs, env, args):
     if args.rules:
         return bench_rules(base, env.device, args)
     if args.sample and env.fsdp:
         raise UserError("--sample times generation with one process's whole model; use --parallel=ddp")
-    known = variants()
-    runners = {v: Runner(replace(base, **known[v]), env) for v in args.variants.split(',')}
+    runners = {v: Runner(cfg, env) for v, cfg in configs.items()}
     if args.sample:
         return bench_sampling(runners, args)
     times = time_steps(runners, args)
@@ -298,6 +309,13 @@ def bench_sampling(runners, args):
         print(f"| {v} | {med[True]:,.0f} | {med[False]:,.0f} | {med[True] / med[False]:.1f}x |")
 
 
+def update(rule, x, u, g):
+    """One sublayer's update, forward and backward: the stream prepared, then u written in; g the
+    stream's gradient (the branch input's: u's values)."""
+    h, state = rule.prepare(x)
+    torch.autograd.backward([rule(x, u, state), h], [g, u.detach()])
+
+
 def bench_rules(cfg, device, args):
     """Microseconds per forward + backward of each piece alone, median of interleaved rounds."""
     shape, d = (cfg.batch_size, cfg.block_size, cfg.n_embd), cfg.n_embd
@@ -307,8 +325,8 @@ def bench_rules(cfg, device, args):
     pieces = {}
     for name, rule in RESIDUALS.items():
         own = replace(cfg, residual=name)
-        xs, gs = rule.widen(own, x).detach().requires_grad_(), rule.widen(own, g)  # the rule's stream
-        pieces[f'{name} update'] = lambda r=rule.from_config(own, 0, True).to(device), xs=xs, gs=gs: r(xs, u).backward(gs)
+        xs, gs = copied(x, rule.copies(own)).detach().requires_grad_(), copied(g, rule.copies(own))  # the rule's stream
+        pieces[f'{name} update'] = lambda r=rule.from_config(own, 0, True).to(device), xs=xs, gs=gs: update(r, xs, u, gs)
     for kind in (k for k, f in QKV_MAPS.items() if f is not None):
         pieces[f'{kind} Q/K/V map, one layer'] = lambda m=OrthogonalQKV(kind): m(w).sum().backward()
         pieces[f'{kind} Q/K/V maps, {cfg.n_layer} layers batched'] = lambda m=OrthogonalQKV(kind): m(ws).sum().backward()

@@ -11,7 +11,7 @@ train) is written in GPT-2's layout, which transformers loads with no custom cod
 with GPT-2's tokenizer files beside it, where tiktoken's cache holds them (a model of GPT-2's
 tokens), for AutoTokenizer. Every other variant (the orthogonal, rotation, nGPT and
 hyper-connection rules, Cayley or exp Q/K/V, RMSNorm, ...) is written in OrthoGPT's layout, which
-GPT.from_pretrained('DIR') reads back exactly. The folder's README.md says how to load it.
+hf.from_pretrained('DIR') reads back exactly. The folder's README.md says how to load it.
 """
 
 import argparse
@@ -36,7 +36,7 @@ def main(argv=None):
     layout = hf.export(model, args.to, gpt2_tokens=ckpt['meta'] is None and cfg.vocab_size >= 50257)
     loads = ("GPT-2's layout: transformers' GPT2LMHeadModel.from_pretrained loads it" if layout == 'gpt2' else
              f"OrthoGPT's layout (residual={cfg.residual!r}, qkv={cfg.qkv!r}, norm={cfg.norm!r}, "
-             f"activation={cfg.activation!r}): GPT.from_pretrained loads it")
+             f"activation={cfg.activation!r}): hf.from_pretrained loads it")
     print(f"wrote {os.path.join(args.to, 'config.json')} and model.safetensors in {loads}")
 
 

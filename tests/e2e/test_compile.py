@@ -10,7 +10,9 @@ VARIANTS = [dict(residual='additive'), dict(residual='rotation'), dict(residual=
             dict(residual='orthogonal', ortho_mode='feature'),
             dict(residual='orthogonal', ortho_mode='global'),
             dict(residual='orthogonal', ortho_mode='global', ortho_prob=0.5),
-            dict(residual='hc'), dict(residual='mhc'), dict(residual='mhc', hc_dynamic=False)]
+            dict(residual='hc'), dict(residual='hc', hc_recompute=True), dict(residual='mhc'),
+            dict(residual='mhc', hc_dynamic=False), dict(residual='mhc', mhc_res='identity', hc_recompute=True),
+            dict(residual='mhc', mhc_res='permutation'), dict(residual='mhc', mhc_res='cayley', hc_recompute=True)]
 
 
 @pytest.mark.parametrize('variant,qkv', [(v, 'dense') for v in VARIANTS] + [

@@ -9,7 +9,7 @@ import torch
 
 import train
 from model import GPT
-from orthogpt import checkpoint
+from orthogpt import checkpoint, hf
 from tools import eval_hellaswag, export
 
 transformers = pytest.importorskip('transformers')
@@ -96,7 +96,7 @@ def test_hellaswag_on_the_jsonl_format_and_the_hub_path(tmp_path, monkeypatch, c
     (tmp_path / 'val.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rows))
     acc = eval_hellaswag.main([f'--init_from={tmp_path / "hf"}', f'--data={tmp_path / "val.jsonl"}', '--batch_size=2',
                                '--device=cpu'])
-    model, enc = GPT.from_pretrained(str(tmp_path / 'hf')).eval(), tiktoken.get_encoding('gpt2')
+    model, enc = hf.from_pretrained(str(tmp_path / 'hf')).eval(), tiktoken.get_encoding('gpt2')
     right = [0, 0]
     for r in rows:  # each ending alone, no padding
         ctx, losses = enc.encode_ordinary(r['ctx']), []
@@ -154,7 +154,7 @@ def test_an_orthogpt_export_says_how_to_load_it_and_hellaswag_refuses_its_own_vo
     out = run('--max_iters=5', '--eval_interval=5', config='shakespeare_rot.py', out='rot')
     export.main([f'--out_dir={out}', f'--to={tmp_path / "rot"}'])
     readme = (tmp_path / 'rot' / 'README.md').read_text()
-    assert "GPT.from_pretrained('.')" in readme and "no model type 'orthogpt'" in readme
+    assert "hf.from_pretrained('.')" in readme and "no model type 'orthogpt'" in readme
     assert 'vocab.json' not in os.listdir(tmp_path / 'rot')  # characters: no GPT-2 tokenizer to write
     for source in ([f'--out_dir={out}'], [f'--init_from={tmp_path / "rot"}']):
         with pytest.raises(SystemExit, match="holds a model of a 39-token vocabulary of its own; HellaSwag is scored in "

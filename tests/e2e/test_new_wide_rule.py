@@ -12,8 +12,7 @@ TINY_GPT = dict(n_layer=2, n_head=2, n_embd=16, block_size=16, vocab_size=11)
 
 class Twins(ResidualUpdate):
     """Two copies of the stream: a branch reads their mean and writes into one copy, the copy
-    (layer mod 2); the head reads their sum. A toy: it starts as the additive model, at twice the
-    stream's scale."""
+    (layer mod 2); the head reads their mean. A toy: it starts as the additive model."""
 
     def __init__(self, layer):
         super().__init__()
@@ -24,17 +23,13 @@ class Twins(ResidualUpdate):
         return cls(layer)
 
     @classmethod
-    def widen(cls, cfg, x):  # (B, T, d) -> (B, T, 2, d)
-        return torch.stack([x, x], dim=-2)
+    def copies(cls, cfg):  # (B, T, d) -> (B, T, 2, d)
+        return 2
 
-    @classmethod
-    def reduce(cls, cfg, x):
-        return x.sum(-2)
+    def prepare(self, x, cache=None):
+        return x.mean(-2), None
 
-    def read(self, x):
-        return x.mean(-2)
-
-    def forward(self, x, u, cache=None):
+    def forward(self, x, u, state):
         return x + self.into * u.unsqueeze(-2)
 
 

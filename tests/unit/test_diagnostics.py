@@ -34,7 +34,7 @@ def test_update_stats():
         seen = []
 
         def record(module, args, out):
-            x, u, y = (t.double() for t in (*args, out))
+            x, u, y = (t.double() for t in (*args[:2], out))
             y_perp = y - (x * y).sum(-1, keepdim=True) / (x * x).sum(-1, keepdim=True) * x
             seen.append([torch.atan2(y_perp.norm(dim=-1), (x * y).sum(-1) / x.norm(dim=-1)).mean(),
                          (u * u).sum(-1).mean()])

@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from model import GPT, GPT2_ARCH, GPTConfig
+from model import GPT, GPTConfig
 from orthogpt import hf
 from orthogpt.errors import UserError
 from tools import eval_hellaswag
@@ -21,7 +21,7 @@ def logits_of(model, idx):
 def test_a_gpt2_folder_loads_with_the_reference_logits(tmp_path, gpt2_folder):
     ref = gpt2_folder(tmp_path / 'hf')
     idx = torch.randint(39, (3, 32))
-    ours = GPT.from_pretrained(str(tmp_path / 'hf'))
+    ours = hf.from_pretrained(str(tmp_path / 'hf'))
     assert (ours.config.n_layer, ours.config.n_embd, ours.config.vocab_size, ours.config.block_size) == (2, 32, 39, 32)
     assert (ours.config.norm, ours.config.bias, ours.config.activation, ours.config.tie_weights) == (
         'layernorm', True, 'gelu_tanh', True)
@@ -30,7 +30,7 @@ def test_a_gpt2_folder_loads_with_the_reference_logits(tmp_path, gpt2_folder):
     tensors = {k.removeprefix('transformer.'): v for k, v in load_file(tmp_path / 'hf' / 'model.safetensors').items()}
     tensors.update({f'h.{i}.attn.bias': torch.tril(torch.ones(1, 1, 32, 32)) for i in range(2)})
     save_file(tensors, tmp_path / 'hf' / 'model.safetensors')
-    torch.testing.assert_close(logits_of(GPT.from_pretrained(str(tmp_path / 'hf')).eval(), idx), logits_of(ref, idx),
+    torch.testing.assert_close(logits_of(hf.from_pretrained(str(tmp_path / 'hf')).eval(), idx), logits_of(ref, idx),
                                rtol=0, atol=1e-5)
 
 
@@ -43,19 +43,19 @@ def test_gpt2_names_come_from_the_hub(tmp_path, monkeypatch, gpt2_folder):
         return str(tmp_path / 'hf' / filename)
     import huggingface_hub
     monkeypatch.setattr(huggingface_hub, 'hf_hub_download', download)
-    assert GPT.from_pretrained('gpt2-medium').config.n_layer == 2
+    assert hf.from_pretrained('gpt2-medium').config.n_layer == 2
     assert asked == [('openai-community/gpt2-medium', 'config.json'), ('openai-community/gpt2-medium', 'model.safetensors')]
 
     def offline(repo_id, filename, **kwargs):
         raise OSError('no network')
     monkeypatch.setattr(huggingface_hub, 'hf_hub_download', offline)
     with pytest.raises(OSError, match='could not fetch gpt2 from the Hugging Face hub .* pass the folder'):
-        GPT.from_pretrained('gpt2')
+        hf.from_pretrained('gpt2')
     with pytest.raises(UserError, match="init_from='gpt2': could not fetch gpt2"):  # what train.py says
         hf.read('gpt2')
 
 
-VARIANTS = [dict(residual='additive', **GPT2_ARCH), dict(residual='additive'),
+VARIANTS = [dict(residual='additive', **hf.GPT2_ARCH), dict(residual='additive'),
             dict(residual='orthogonal', options=dict(ortho_mode='global')),
             dict(residual='rotation', init='sigma', tie_weights=False), dict(qkv='cayley', norm='rmsnorm'),
             dict(qkv='exp', activation='relu')]
@@ -69,7 +69,7 @@ def test_export_then_import_is_exact_for_every_variant(variant, tmp_path):
             p.add_(0.05 * torch.randn_like(p))  # biases and gains off their initial values
     layout = hf.export(model, tmp_path / 'hf')
     assert layout == ('gpt2' if variant.get('bias') else 'orthogpt')
-    again = GPT.from_pretrained(str(tmp_path / 'hf')).eval()
+    again = hf.from_pretrained(str(tmp_path / 'hf')).eval()
     assert again.config == model.config
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
     idx = torch.randint(11, (2, 16))

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from model import RESIDUALS, GPTConfig, OrthogonalUpdate, RotationUpdate
+from model import RESIDUALS, GPTConfig, OrthogonalUpdate, RotationUpdate, copied
 
 
 def rel_err(a, b):
@@ -52,19 +52,20 @@ def rotation_reference(x, u):
 
 @pytest.mark.parametrize('name', list(RESIDUALS))
 def test_every_rule_keeps_shape_and_dtype_and_declares_its_norm(name):
-    """Every registered rule, as the model builds it, on its stream (the embeddings, widened where
-    the rule keeps a wider one): the stream's shape out, in the input's dtype; ||x|| kept exactly
+    """Every registered rule, as the model builds it, on its stream (the embeddings, copied where
+    the rule keeps several copies): the stream's shape out, in the input's dtype; ||x|| kept exactly
     (on the sphere where the model keeps the stream of such a rule: of radius 1 for the normalized
     architecture, else sqrt(d)) where the rule declares keeps_norm, and changed where it does not;
     the branch reads a (B, T, d) vector from it."""
     cfg = GPTConfig(residual=name, n_embd=16, n_head=2)
     rule = RESIDUALS[name].from_config(cfg, 0, True)
     x, u = torch.randn(2, 5, 16, dtype=torch.float64), torch.randn(2, 5, 16, dtype=torch.float64)
-    x = RESIDUALS[name].widen(cfg, x / x.norm(dim=-1, keepdim=True) * (1 if RESIDUALS[name].normalized else 4))
+    x = copied(x / x.norm(dim=-1, keepdim=True) * (1 if RESIDUALS[name].normalized else 4), RESIDUALS[name].copies(cfg))
     for dtype in (torch.bfloat16, torch.float32, torch.float64):
-        assert rule(x.to(dtype), u.to(dtype)).dtype == dtype
-    out = rule(x, u)
-    assert out.shape == x.shape and rule.read(x).shape == u.shape
+        assert rule(x.to(dtype), u.to(dtype), rule.prepare(x.to(dtype))[1]).dtype == dtype
+    h, state = rule.prepare(x)
+    out = rule(x, u, state)
+    assert out.shape == x.shape and h.shape == u.shape
     kept = torch.allclose(out.norm(dim=-1), x.norm(dim=-1), rtol=1e-12, atol=0)
     assert kept == RESIDUALS[name].keeps_norm
 
