@@ -1,29 +1,25 @@
-"""OrthoGPT model: transformer blocks whose residual update is pluggable.
+"""OrthoGPT model: transformer blocks whose residual update is pluggable. Read top to bottom: 1. the residual
+updates (RESIDUALS), 2. the orthogonal Q/K/V maps of O-ViT (QKV_MAPS), 3. the configs, 4. the Block, 5. the trunk,
+GPT and ViT, and cached decoding.
 
-Read top to bottom:
-  1. residual updates   RESIDUALS: name -> rule class; prepare(x) -> (h, state), forward(x, u, state) -> x_next
-  2. orthogonal Q/K/V   QKV_MAPS: the Cayley and exp maps of O-ViT, as torch parametrizations
-  3. configs            BlockConfig (what a Block needs), GPTConfig, ViTConfig
-  4. Block              norm -> attention -> update, norm -> MLP -> update
-  5. Trunk, GPT, ViT    embeddings -> blocks -> head; cached decoding
-
-The papers, cited in docstrings by their short names:
-  [Oh]   G. Oh, W. Cho, S. Kim, S. Choi, Y. Yu. "Revisiting Residual Connections: Orthogonal
-         Updates for Stable and Efficient Deep Networks". NeurIPS 2025. arXiv:2505.11881
-  [OT]   "The Orthogonal Transformer" (rotation residual, no norms); preprint, no arXiv id
-  [OViT] Y. Fei, Y. Liu, X. Wei, M. Chen. "O-ViT: Orthogonal Vision Transformer". arXiv:2201.12133
-  [nGPT] I. Loshchilov, C.-P. Hsieh, S. Sun, B. Ginsburg. "nGPT: Normalized Transformer with
-         Representation Learning on the Hypersphere". ICLR 2025. arXiv:2410.01131
-  [HC]   D. Zhu et al. (ByteDance Seed). "Hyper-Connections". ICLR 2025. arXiv:2409.19606
-  [mHC]  Z. Xie, Y. Wei, H. Cao, et al. (DeepSeek-AI). "mHC: Manifold-Constrained Hyper-Connections".
-         arXiv:2512.24880, 2025
+The papers, cited in docstrings by their short names (docs/rules.md: where each rule departs from its paper):
+  [Oh]    G. Oh, W. Cho, S. Kim, S. Choi, Y. Yu. "Revisiting Residual Connections: Orthogonal Updates for Stable and
+          Efficient Deep Networks". NeurIPS 2025. arXiv:2505.11881
+  [OT]    "The Orthogonal Transformer" (rotation residual, no norms); preprint, no arXiv id
+  [OViT]  Y. Fei, Y. Liu, X. Wei, M. Chen. "O-ViT: Orthogonal Vision Transformer". arXiv:2201.12133
+  [nGPT]  I. Loshchilov, C.-P. Hsieh, S. Sun, B. Ginsburg. "nGPT: Normalized Transformer with Representation
+          Learning on the Hypersphere". ICLR 2025. arXiv:2410.01131
+  [HC]    D. Zhu et al. (ByteDance Seed). "Hyper-Connections". ICLR 2025. arXiv:2409.19606
+  [mHC]   Z. Xie, Y. Wei, H. Cao, et al. "mHC: Manifold-Constrained Hyper-Connections". arXiv:2512.24880
+  [mHC-lite] Y. Yang, J. Gao. "mHC-lite: You Don't Need 20 Sinkhorn-Knopp Iterations". arXiv:2601.05732
+  [JPmHC] B. Sengupta, J. Wang, L. Brunswic. "JPmHC: Dynamical Isometry via
+          Orthogonal Hyper-Connections". arXiv:2602.18308
 """
 
 import itertools
 import math
-from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
-from typing import Literal
+from typing import Literal, get_args, get_origin
 
 import torch
 import torch.nn as nn
@@ -50,8 +46,8 @@ def wide(t):
 
 
 def exact(t):
-    """A context without autocast on t's device: matrix products in the working precision (wide)
-    under mixed precision too, where autocast would round them to bfloat16 or float16."""
+    """A context without autocast on t's device: matrix products in the working precision (wide) under mixed
+    precision too, where autocast would round them to bfloat16 or float16."""
     return torch.autocast(t.device.type, enabled=False)
 
 
@@ -61,32 +57,18 @@ def dot(a, b):
 
 
 class ResidualUpdate(nn.Module):
-    """What every update rule shares, for each sublayer (attention or MLP) with branch F:
+    """What every update rule shares. For each sublayer (attention or MLP) with branch F:
 
         h, state = rule.prepare(x, cache)     # the branch's input, and what forward needs
-        x_next = rule(x, F(norm(h)), state)   # forward(x, u, state): the branch's output written in
+        x_next = rule(x, F(norm(h)), state)   # forward(x, u, state): the branch output u written in
 
-    x is the residual stream, u the branch output, (..., d). By default the stream is the one
-    (..., d) tensor the branches see, prepare hands it over unchanged, and state is the
-    DecodeCache of incremental decoding (or None), needed only by a rule that mixes positions:
-    so a one-stream rule writes forward(x, u, cache=None) alone. A rule declares what the config,
-    the model and the training loop do for it:
-      Options       a dataclass of the config keys the rule reads, each with its type, default and
-                    a comment (the config, --help and the resume checks take them from here)
-      check         refuses options that do not fit the rest of the config (ValueError)
-      keeps_norm    True if it keeps ||x|| fixed: the model then drops its norms ([OT])
-      normalized    True for the normalized Transformer's architecture ([nGPT] Sec. 2): a unit-
-                    norm stream, normalised q and k scaled by s_qk under softmax scale sqrt(d_k),
-                    a gated MLP scaled by s_u and s_v, logits scaled by s_z
-      from_config   builds the rule of residual layer `layer`, counted over sublayers (0 and 1:
-                    block 0's attention and MLP, 2 and 3: block 1's, ...), from the config (its
-                    options: cfg.options)
-      after_step    runs after every optimizer step on the model (e.g. to renormalise weights)
-      copies        n for a stream of n copies (..., n, d) of the hidden vector (Hyper-
-                    Connections'): the embeddings copied n times in, their mean out to the final
-                    norm; 0 (the default) for the plain (..., d) stream. A wide rule's prepare
-                    reads the branch's input from the copies and computes, once, whatever its
-                    forward needs to write the output back (its coefficients, the mixed copies).
+    By default the stream x is the (..., d) tensor the branches see, prepare hands it on, and state is the decoding
+    cache (or None), read by a rule that mixes positions: a one-stream rule writes forward(x, u, cache=None) alone.
+    A rule declares its config keys (Options: type, default, comment), check(cfg) (a ValueError for options that do
+    not fit), keeps_norm (it keeps ||x||: no norms, [OT]), normalized (nGPT's architecture), from_config(cfg, layer,
+    causal) (the rule of sublayer `layer`: 0, 1 are block 0's attention and MLP, ...), after_step(model) (after every
+    optimizer step), copies(cfg): n for a stream of n copies (..., n, d) ([HC]: the embeddings copied in, their mean
+    out to the final norm), whose prepare computes once what forward needs to write u back in; 0 for one stream.
     """
     keeps_norm = False
     normalized = False
@@ -115,19 +97,18 @@ class ResidualUpdate(nn.Module):
         return x, cache
 
 
+def copied(x, n):
+    """(..., d) -> n copies of it, (..., n, d), a view; n = 0: x itself (ResidualUpdate.copies)."""
+    return x.unsqueeze(-2).expand(*x.shape[:-1], n, x.shape[-1]) if n else x
+
+
 def combine(w, H):
-    """w^T H for weights w (..., n, m) and copies H (..., n, d): m sums of the copies, (..., m, d);
-    unrolled over the n copies, which torch.compile fuses into one pass, where a batched matmul of
-    small matrices is slow."""
+    """w^T H, (..., m, d): m weighted sums of the copies H (..., n, d), weights w (..., n, m); by broadcasting, which
+    torch.compile fuses into one pass (a batched matmul of tiny matrices stays a call per matrix)."""
     out = w[..., 0, :, None] * H[..., 0:1, :]
     for i in range(1, H.shape[-2]):
         out = out + w[..., i, :, None] * H[..., i:i + 1, :]
     return out
-
-
-def copied(x, n):
-    """(..., d) -> n copies of it, (..., n, d), a view; n = 0: x itself (ResidualUpdate.copies)."""
-    return x.unsqueeze(-2).expand(*x.shape[:-1], n, x.shape[-1]) if n else x
 
 
 @register('additive')
@@ -140,16 +121,12 @@ class AdditiveUpdate(ResidualUpdate):
 
 @register('orthogonal')
 class OrthogonalUpdate(ResidualUpdate):
-    """x_next = x + u - s x,  s = <x, u> / (||x||^2 + eps)          [Oh] Sec. 3.2, Eq. 3-4.
+    """x_next = x + u - s x,  s = <x, u> / (||x||^2 + eps)    [Oh] Sec. 3.2, Eq. 3-4, in float32 (App. F).
 
-    u - s x is the part of u orthogonal to x (up to eps), computed in float32 ([Oh] App. F).
-    mode='feature' ([Oh] Alg. 1): one s per token, over the hidden dimension.
-    mode='global'  ([Oh] Alg. 2): one s per sample over all tokens and features, x (B, T, d). In a
-      causal model s_t uses prefix sums over positions <= t (the paper's s at t = T-1), so no
-      position sees a later one; in decoding the cache holds the earlier positions' terms.
-    prob ([Oh] Sec. 4.4): in training each sample's connection is orthogonal with probability
-      prob, else additive (drawn per sample, connection and step, like drop-path); in eval the
-      expected update x + u - prob s x. ortho_layers ([Oh] Sec. 4.5) leaves other blocks additive.
+    mode 'feature' (Alg. 1): one s per token; 'global' (Alg. 2): one per sample, over tokens and features, with
+    prefix sums over positions <= t in a causal model (so no position sees a later one; the cache holds the earlier
+    positions' terms). prob (Sec. 4.4): each sample's connection is orthogonal with probability prob in training,
+    else additive (like drop-path); in eval x + u - prob s x. ortho_layers (Sec. 4.5): the other blocks are additive.
     """
 
     @dataclass
@@ -166,8 +143,6 @@ class OrthogonalUpdate(ResidualUpdate):
     @classmethod
     def check(cls, cfg):
         o = cfg.options
-        if o.ortho_mode not in ('feature', 'global'):
-            raise ValueError(f"ortho_mode={o.ortho_mode!r} is not one of 'feature' | 'global'")
         if not o.ortho_eps >= 0:
             raise ValueError(f"ortho_eps={o.ortho_eps} must not be negative")
         if not 0.0 <= o.ortho_prob <= 1.0:
@@ -204,9 +179,6 @@ class OrthogonalUpdate(ResidualUpdate):
                      if self.training else self.prob)
         return (xf + uf - s * xf).to(x.dtype)
 
-    def extra_repr(self):
-        return f"mode={self.mode}, eps={self.eps}, prob={self.prob}, causal={self.causal}"
-
 
 @register('rotation')
 class RotationUpdate(ResidualUpdate):
@@ -215,12 +187,9 @@ class RotationUpdate(ResidualUpdate):
         u_perp = u - (<x, u> / ||x||^2) x,   theta = ||u_perp|| / sqrt(d),
         x_next = x cos(theta) + u_perp sin(theta) / theta                    ([OT] Eq. 8)
 
-    i.e. exp(B) x for the bivector of x and u ([OT] Eq. 4-7, turning x towards u). It keeps
-    ||x_next|| = ||x||, so the model keeps every block input on the sphere of radius sqrt(d) with
-    no norms. Computed in float32. Where the paper swaps in x + u_perp below a threshold to avoid
-    0/0, cos and sin/theta are their Taylor series for theta < 1e-2, chosen by torch.where (no
-    Python branch): equal to the functions to float32 rounding, so the norm stays exact and the
-    gradient is finite at u_perp = 0.
+    exp(B) x for the bivector of x and u (Eq. 4-7): ||x_next|| = ||x||, so every block input stays on the sphere of
+    radius sqrt(d) with no norms. In float32; below theta = 1e-2, cos and sin/theta are their Taylor series (by
+    torch.where), where the paper swaps in x + u_perp: the norm stays exact and the gradient finite at u_perp = 0.
     """
     keeps_norm = True
     small_angle = 1e-2
@@ -237,8 +206,8 @@ class RotationUpdate(ResidualUpdate):
 
 
 class ScaleVector(nn.Module):
-    """A learnable vector s = init at the start, stored as s' = scale and used as s' init/scale
-    ([nGPT] Sec. 2.5): the optimizer's steps on s' reach s at the rate `scale` sets."""
+    """A learnable vector s = init at the start, stored as s' = scale and used as s' init/scale ([nGPT] Sec. 2.5):
+    the optimizer's steps on s' reach s at the rate `scale` sets."""
 
     def __init__(self, n, init, scale):
         super().__init__()
@@ -250,12 +219,9 @@ class ScaleVector(nn.Module):
 
 @register('ngpt')
 class NormalizedUpdate(ResidualUpdate):
-    """h_next = Norm(h + alpha (Norm(u) - h)): the normalized Transformer ([nGPT] Sec. 2.2.2,
-    Eq. 10-11), h and u's direction on the unit sphere, alpha the learnable per-dimension eigen
-    learning rate (alpha_init 0.05, alpha_scale 1/sqrt(d), Sec. 2.5). The model around it has no
-    norms (keeps_norm), the normalized architecture (normalized), and after every step all its
-    embeddings and matrices unit-norm along the embedding dimension (after_step, Sec. 2.1-2.4;
-    a ViT's patch embedding, a convolution, is left as it is)."""
+    """h_next = Norm(h + alpha (Norm(u) - h)) on the unit sphere ([nGPT] Sec. 2.2.2, Eq. 10-11), alpha the per-dimension
+    eigen learning rate (init 0.05, scale 1/sqrt(d), Sec. 2.5). No norms, nGPT's architecture, and after every step
+    every embedding and matrix unit-norm along the embedding dimension (Sec. 2.1-2.4; not a ViT's convolution)."""
     keeps_norm = normalized = True
 
     def __init__(self, d):
@@ -278,32 +244,14 @@ class NormalizedUpdate(ResidualUpdate):
 
 @register('hc')
 class HyperConnection(ResidualUpdate):
-    """Hyper-Connections ([HC] Sec. 2): the stream is n copies H (..., n, d) of the hidden vector
-    (n the expansion rate, hc_rate), mixed by learned weights around each branch T:
+    """Hyper-Connections ([HC] Sec. 2): the stream is n copies H (..., n, d) (n = hc_rate), around each branch T
 
-        h_0 = A_m^T H                  the branch's input: a weighted sum of the copies   (Eq. 3)
-        H'  = A_r^T H                  the copies mixed with one another                   (Eq. 4)
-        H   <- B^T T(h_0) + H'         the output written into every copy, weighted by B   (Eq. 5)
+        h_0 = A_m^T H,   H' = A_r^T H,   H <- B^T T(h_0) + H'                         (Eq. 3-5)
 
-    with B (n), A_m (n) and A_r (n x n). Static (hc_dynamic=False): learned numbers per layer.
-    Dynamic (the paper's default, DHC, Eq. 10-13): each copy's own coefficients from its
-    normalised vector, H_bar = LayerNorm(H) (Alg. 2), through tanh, scaled by learnable s_alpha
-    (A_m, A_r) and s_beta (B), both starting at 0.01, added to the static ones:
-        B = s_beta tanh(H_bar W_beta) + B_s,   [A_m A_r] = s_alpha tanh(H_bar W_alpha) + [A_m A_r]_s.
-    prepare computes the weights once per sublayer, and h_0 and H' in one product, [h_0 H'] =
-    [A_m A_r]^T H; forward adds B^T T(h_0). The block's own norm reads h_0 (Alg. 3). Widened by n
-    copies of the embeddings; the final norm reads their mean, where Alg. 1 sums them: the two
-    differ only through the norm's eps, and with the mean the model at init is the pre-norm one
-    exactly, under LayerNorm too. Initialised as Eq. 14: B = 1, A_m the one-hot of copy (layer mod
-    n), A_r = I, the dynamic weights 0, so that at init every copy is the pre-norm model's stream.
-    Weight decay on W_alpha and W_beta only, not on the static weights ([HC] Sec. 4). Computed in
-    float32, autocast or not. hc_recompute ([mHC] Sec. 4.3): backward keeps only the stream and
-    computes the weights and the mixing again, for the memory of n - 1 more copies of x a sublayer
-    (the paper also drops the stream itself inside blocks of layers; not here). Left out: [HC]
-    Sec. 4 also rescales the initial std of the branches' output projections by sqrt(n); here
-    every rule keeps the config's initialisation (init, sigma_w), so that HC at init is the pre-
-    norm model exactly.
-    [HC] D. Zhu et al. "Hyper-Connections". ICLR 2025. arXiv:2409.19606
+    with B, A_m (n) and A_r (n x n) static (SHC) or, by default, dynamic (DHC, Eq. 10-13): B = s_beta tanh(H_bar
+    W_beta) + B_s, [A_m A_r] = s_alpha tanh(H_bar W_alpha) + [A_m A_r]_s, H_bar = LayerNorm(H) (Alg. 2), s from 0.01.
+    Init (Eq. 14): B = 1, A_m the one-hot of copy (layer mod n), A_r = I, W = 0: every copy is the pre-norm stream.
+    Float32; weight decay on W only (Sec. 4); hc_recompute: [mHC] Sec. 4.3. Our choices: docs/rules.md.
     """
 
     @dataclass
@@ -327,8 +275,7 @@ class HyperConnection(ResidualUpdate):
         self.dynamic, self.recompute = dynamic, recompute
         if dynamic:
             self.norm = nn.LayerNorm(d)
-            self.W_alpha = nn.Parameter(torch.zeros(d, n + 1))
-            self.W_beta = nn.Parameter(torch.zeros(d, 1))
+            self.W_alpha, self.W_beta = nn.Parameter(torch.zeros(d, n + 1)), nn.Parameter(torch.zeros(d, 1))
             self.s_alpha, self.s_beta = nn.Parameter(torch.full((1,), 0.01)), nn.Parameter(torch.full((1,), 0.01))
 
     @classmethod
@@ -341,13 +288,12 @@ class HyperConnection(ResidualUpdate):
         return cfg.options.hc_rate
 
     def mix(self, H):
-        """(h_0 (..., d), H' (..., n, d), B (..., n)) for the stream H (..., n, d), in float32."""
+        """(h_0 (..., d), H' (..., n, d), B (..., n)) for the stream H (..., n, d)."""
         alpha, beta = self.static_alpha, self.static_beta
         if self.dynamic:
             H_bar = F.layer_norm(H, H.shape[-1:], self.norm.weight.to(H.dtype), self.norm.bias.to(H.dtype))
-            z = torch.tanh(H_bar @ torch.cat([self.W_alpha, self.W_beta], 1).to(H.dtype))  # one product, (..., n, n + 2)
-            alpha = self.s_alpha * z[..., :-1] + alpha
-            beta = self.s_beta * z[..., -1] + beta
+            z = torch.tanh(H_bar @ torch.cat([self.W_alpha, self.W_beta], 1).to(H.dtype))  # (..., n, n + 2)
+            alpha, beta = self.s_alpha * z[..., :-1] + alpha, self.s_beta * z[..., -1] + beta
         out = combine(alpha, H)  # (..., n + 1, d): h_0 = sum_i A_m[i] H_i, then H'_j = sum_i A_r[i, j] H_i
         return out[..., 0, :], out[..., 1:, :], beta
 
@@ -366,13 +312,8 @@ class HyperConnection(ResidualUpdate):
 
 
 def sinkhorn(logits, iters):
-    """[mHC] Eq. 9: exp, then `iters` rounds of column then row normalisation, in float32: a doubly
-    stochastic matrix. Rows sum to 1 to float32 rounding (2.4e-7 at most: the row step ends each
-    round); columns only as closely as the rounds bring them. Measured at the paper's 20 rounds on
-    the H_res of an mHC model of the CPU recipe (4 layers x 128, n = 4, lr 2e-3): exact at init,
-    within 2.4e-7 after 100 steps, 5e-4 after 500, 2e-2 after 1000 (its Fig. 8 shows column sums
-    of 0.9x to 1.1x at 27B). The maximum is subtracted first, which changes nothing but keeps exp
-    finite."""
+    """[mHC] Eq. 9: exp (of logits less their maximum), then `iters` rounds of column then row normalisation: rows sum
+    to 1 to rounding, columns as closely as the rounds bring them (slowly near a permutation matrix)."""
     m = torch.exp(logits - logits.amax(dim=(-2, -1), keepdim=True).detach())
     for _ in range(iters):
         m = m / m.sum(-2, keepdim=True)
@@ -380,111 +321,26 @@ def sinkhorn(logits, iters):
     return m
 
 
-class SinkhornMixing(nn.Module):
-    """H_res = Sinkhorn-Knopp(H~_res), `iters` rounds ([mHC] Eq. 8-9): doubly stochastic, the rows
-    exactly, the columns as closely as the rounds bring them (sinkhorn). H~_res starts at 0 on
-    the diagonal and -8 off it: H_res near I (the paper gives no initialisation)."""
-
-    def __init__(self, n, iters):
-        super().__init__()
-        self.shape, self.iters = (n, n), iters
-
-    def initial(self):
-        return torch.eye(self.shape[0]) * 8 - 8
-
-    def forward(self, z):  # (..., n, n) -> (..., n, n)
-        return sinkhorn(z, self.iters)
-
-
-class PermutationMixing(nn.Module):
-    """H_res = sum_k a_k P_k, a = softmax(H~_res) over the n! permutation matrices P_k ([mHC-lite]
-    Y. Yang, J. Gao. "mHC-lite: You Don't Need 20 Sinkhorn-Knopp Iterations". arXiv:2601.05732):
-    a convex combination of permutation matrices, so doubly stochastic exactly (Birkhoff-von
-    Neumann), with no iterations. H~_res (n!) starts at 0 for the identity, -8 for the others,
-    as mHC-lite's code: H_res near I."""
-
-    def __init__(self, n, iters=None):
-        super().__init__()
-        perms = torch.eye(n)[torch.tensor(list(itertools.permutations(range(n))))]  # (n!, n, n), the identity first
-        self.register_buffer('perms', perms, persistent=False)
-        self.shape = (len(perms),)
-
-    def initial(self):
-        return torch.cat([torch.zeros(1), torch.full((self.shape[0] - 1,), -8.0)])
-
-    def forward(self, z):  # (..., n!) -> (..., n, n)
-        return torch.einsum('...k,kij->...ij', torch.softmax(z, -1), self.perms.to(z.dtype))
-
-
-class CayleyMixing(nn.Module):
-    """H_res = (I + A)^-1 (I - A), A = W - W^T, W = H~_res (n x n): orthogonal, with det 1 ([JPmHC]
-    B. Sengupta, J. Wang, L. Brunswic. "JPmHC: Dynamical Isometry via Orthogonal Hyper-
-    Connections". arXiv:2602.18308, Sec. 3.1), through [OViT]'s Cayley map of the Q/K/V (cayley),
-    per token. W starts at 0: H_res = I exactly. Where JPmHC differs: it runs two fixed-point steps
-    towards (I - a/2 W)^-1 (I + a/2 W), a = 0.1 (the same family of maps), where this inverts
-    exactly; and it reads and writes through n x n softmax matrices after a LayerNorm, where this
-    keeps mHC's sigmoids and RMSNorm, so that only H_res's constraint differs from mHC."""
-
-    def __init__(self, n, iters=None):
-        super().__init__()
-        self.shape = (n, n)
-
-    def initial(self):
-        return torch.zeros(self.shape)
-
-    def forward(self, z):  # (..., n, n) -> (..., n, n)
-        return cayley(z)
-
-
-class IdentityMixing(nn.Module):
-    """H_res = I: the copies are not mixed, only read and written, the ablation of H_res that [HC]
-    and [mHC] report. No coefficients."""
-    shape = (0,)
-
-    def __init__(self, n, iters=None):
-        super().__init__()
-
-
-MIXINGS = {'sinkhorn': SinkhornMixing, 'identity': IdentityMixing, 'permutation': PermutationMixing,
-           'cayley': CayleyMixing}  # config value `mhc_res` -> H_res's constraint
-
-
 @register('mhc')
 class ManifoldHyperConnection(HyperConnection):
-    """mHC ([mHC] Sec. 4), Hyper-Connections whose residual mixing is constrained, with H (..., n, d)
-    the n copies, and, for branch F:
+    """mHC ([mHC] Sec. 4): H <- H_res H + H_post^T F(H_pre H) (Eq. 3) for the copies H (..., n, d), with coefficients
+    per token from x' = RMSNorm(vec(H)) (Eq. 7-8; the RMSNorm's weight in phi, Sec. 4.3.1; gates a from 0.01):
 
-        H <- H_res H + H_post^T F(H_pre H)                                        (Eq. 3)
-
-    Coefficients from the whole flattened stream, per token (Eq. 7): x' = RMSNorm(vec(H)) (n d),
-        H_pre~ = a_pre x' phi_pre + b_pre,  H_post~ = a_post x' phi_post + b_post,
-        H_res~ = a_res mat(x' phi_res) + b_res,
-    then (Eq. 8) H_pre = sigmoid(H_pre~) and H_post = 2 sigmoid(H_post~), non-negative, and H_res
-    from H_res~ under the constraint mhc_res (MIXINGS): 'sinkhorn', the paper's doubly stochastic
-    Sinkhorn-Knopp projection, mhc_sinkhorn_iters rounds (20, Eq. 9); 'permutation' ([mHC-lite]:
-    H_res~ has n! entries); 'cayley' ([JPmHC], orthogonal); 'identity' (no H_res~). The RMSNorm's
-    weight is absorbed in phi (Sec. 4.3.1); coefficients and H_res in float32 (Eq. 10-19); the
-    gates a start at 0.01 (App. A.1, Table 5). Static (hc_dynamic=False): the biases alone. As for
-    HC, prepare computes them once per sublayer, with the read and the mixing in one product.
-    Initialisation (the paper gives none): phi = 0; b_post = 0, so H_post = 1 (HC's B); H_res near
-    I (exactly I for 'cayley'); b_pre such that H_pre = softmax(e_k), e_k the one-hot of copy
-    k = layer mod n (for n = 4: 0.475 on copy k, 0.175 on the others). Its entries sum to 1, so at
-    init every copy stays the pre-norm stream and the branch reads it exactly: the model is the
-    pre-norm additive one. Favouring copy k parts the copies by design, as HC's one-hot A_m does
-    (lucidrains' and mHC-lite's code favour one copy too): with a uniform H_pre, every copy would
-    get the same gradient, and the copies would part only by rounding.
-    Ours too, where the paper is silent: widened and reduced as HC (n copies of the embeddings;
-    their mean before the final norm); no weight decay on the biases b, as on HC's static weights
-    (its Table 5 gives one weight decay, 0.1); the static variant, HC's SHC for mHC.
-    [mHC] Z. Xie et al. "mHC: Manifold-Constrained Hyper-Connections". arXiv:2512.24880
+        H_pre = sigmoid(a_pre x' phi_pre + b_pre),   H_post = 2 sigmoid(a_post x' phi_post + b_post),
+        H_res = M(H~_res),  H~_res = a_res mat(x' phi_res) + b_res,  M the constraint mhc_res:
+          sinkhorn     Sinkhorn-Knopp, mhc_sinkhorn_iters rounds ([mHC] Eq. 9): doubly stochastic
+          permutation  sum_k a_k P_k, a = softmax(H~_res) over the n! permutation matrices ([mHC-lite]): doubly
+                       stochastic exactly, with no iterations
+          cayley       (I + A)^-1 (I - A), A = W - W^T, W = H~_res ([JPmHC] Sec. 3.1; [OViT]'s map): orthogonal
+          identity     I, no H~_res: the copies are never mixed (the ablation of [HC] and [mHC])
+    Static (hc_dynamic=False): the biases alone. In float32 (Eq. 10-19). Init: phi = 0, b_post = 0, b_res such that
+    H_res is near I (I exactly for cayley), H_pre = softmax(e_k), e_k the one-hot of copy k = layer mod n: it sums to
+    1, so the model at init is the pre-norm one, and favours copy k, so the copies part by design (docs/rules.md).
     """
 
     @dataclass
-    class Options:
-        hc_rate: int = 4  # [mHC] the expansion rate n: copies of the stream
-        hc_dynamic: bool = True  # [mHC] Eq. 7: coefficients from the stream; False: the static biases alone
-        hc_recompute: bool = False  # [mHC] Sec. 4.3: backward computes the coefficients and mixing again (less memory)
-        mhc_res: Literal['sinkhorn', 'identity', 'permutation', 'cayley'] = 'sinkhorn'  # H_res's constraint (MIXINGS)
+    class Options(HyperConnection.Options):
+        mhc_res: Literal['sinkhorn', 'identity', 'permutation', 'cayley'] = 'sinkhorn'  # H_res's constraint M
         mhc_sinkhorn_iters: int = 20  # [mHC] Eq. 9: Sinkhorn-Knopp rounds (t_max)
 
     @classmethod
@@ -492,8 +348,6 @@ class ManifoldHyperConnection(HyperConnection):
         o = cfg.options
         if o.hc_rate < 2:
             raise ValueError(f"hc_rate={o.hc_rate}: mHC mixes at least 2 copies of the stream")
-        if o.mhc_res not in MIXINGS:
-            raise ValueError(f"mhc_res={o.mhc_res!r} is not one of {' | '.join(map(repr, MIXINGS))}")
         if o.mhc_sinkhorn_iters < 1:
             raise ValueError(f"mhc_sinkhorn_iters={o.mhc_sinkhorn_iters} must be at least 1")
         if o.mhc_res == 'permutation' and o.hc_rate > 6:
@@ -502,20 +356,20 @@ class ManifoldHyperConnection(HyperConnection):
 
     def __init__(self, d, n, layer, dynamic, iters, res='sinkhorn', recompute=False):
         nn.Module.__init__(self)
-        self.n, self.dynamic, self.iters, self.recompute = n, dynamic, iters, recompute
-        self.mixing = MIXINGS[res](n, iters)
-        pre = torch.softmax(F.one_hot(torch.tensor(layer % n), n).double(), -1)
-        self.b_pre = nn.Parameter(torch.logit(pre).float())
+        self.n, self.dynamic, self.iters, self.res, self.recompute = n, dynamic, iters, res, recompute
+        perms = torch.eye(n)[torch.tensor(list(itertools.permutations(range(n))))] if res == 'permutation' else None
+        self.register_buffer('perms', perms, persistent=False)  # (n!, n, n), the identity first
+        initial = {'sinkhorn': torch.eye(n) * 8 - 8, 'cayley': torch.zeros(n, n), 'identity': None,  # H~_res
+                   'permutation': torch.full((math.factorial(n),), -8.0).index_fill(0, torch.tensor(0), 0.0)}[res]
+        self.b_pre = nn.Parameter(torch.logit(torch.softmax(F.one_hot(torch.tensor(layer % n), n).double(), 0)).float())
         self.b_post = nn.Parameter(torch.zeros(n))
-        k = math.prod(self.mixing.shape)
-        self.b_res = nn.Parameter(self.mixing.initial()) if k else None
-        for p in (self.b_pre, self.b_post, self.b_res):
-            if p is not None:
-                p.decay = False
+        self.b_res = None if initial is None else nn.Parameter(initial)
+        for p in (p for p in (self.b_pre, self.b_post, self.b_res) if p is not None):
+            p.decay = False
         if dynamic:
-            self.phi = nn.Parameter(torch.zeros(n * d, 2 * n + k))  # [phi_pre | phi_post | phi_res]
+            self.phi = nn.Parameter(torch.zeros(n * d, 2 * n + (0 if initial is None else initial.numel())))
             self.a_pre, self.a_post = nn.Parameter(torch.full((1,), 0.01)), nn.Parameter(torch.full((1,), 0.01))
-            self.a_res = nn.Parameter(torch.full((1,), 0.01)) if k else None
+            self.a_res = None if initial is None else nn.Parameter(torch.full((1,), 0.01))
 
     @classmethod
     def from_config(cls, cfg, layer, causal):
@@ -523,34 +377,39 @@ class ManifoldHyperConnection(HyperConnection):
         return cls(cfg.n_embd, o.hc_rate, layer, o.hc_dynamic, o.mhc_sinkhorn_iters, o.mhc_res, o.hc_recompute)
 
     def coefficients(self, H):
-        """(H_pre (..., n), H_post (..., n), H_res (..., n, n), or None for the identity) for the
-        stream H (..., n, d), in float32."""
-        n = self.n
-        pre, post, res = self.b_pre, self.b_post, self.b_res
+        """(H_pre (..., n), H_post (..., n), H_res (..., n, n), or None for the identity) for H (..., n, d)."""
+        n, pre, post, res = self.n, self.b_pre, self.b_post, self.b_res
         if self.dynamic:
-            x = H.flatten(-2)  # (..., n d)
-            z = (x @ self.phi.to(x.dtype)) * torch.rsqrt(x.square().mean(-1, keepdim=True) + 1e-20)  # RMSNorm after phi (Eq. 15-16)
-            pre = self.a_pre * z[..., :n] + pre
-            post = self.a_post * z[..., n:2 * n] + post
+            x = H.flatten(-2)  # (..., n d); [phi_pre | phi_post | phi_res], then the RMSNorm (Eq. 15-16)
+            z = (x @ self.phi.to(x.dtype)) * torch.rsqrt(x.square().mean(-1, keepdim=True) + 1e-20)
+            pre, post = self.a_pre * z[..., :n] + pre, self.a_post * z[..., n:2 * n] + post
             if res is not None:
-                res = self.a_res * z[..., 2 * n:].unflatten(-1, self.mixing.shape) + res
-        return torch.sigmoid(pre), 2 * torch.sigmoid(post), None if res is None else self.mixing(res)
+                res = self.a_res * z[..., 2 * n:].unflatten(-1, res.shape) + res
+        return torch.sigmoid(pre), 2 * torch.sigmoid(post), None if res is None else self.constrained(res)
+
+    def constrained(self, z):
+        """H_res (..., n, n) from H~_res (..., n, n), or (..., n!) for the permutations."""
+        if self.res == 'sinkhorn':
+            return sinkhorn(z, self.iters)
+        if self.res == 'permutation':
+            return torch.einsum('...k,kij->...ij', torch.softmax(z, -1), self.perms.to(z.dtype))
+        return cayley(z)
 
     def mix(self, H):
         """(sum_j H_pre[j] H_j (..., d), H_res H (..., n, d), H_post (..., n)) for H (..., n, d)."""
         pre, post, res = self.coefficients(H)
         if res is None:  # the identity: the copies as they are
-            return (pre.unsqueeze(-2) @ H).squeeze(-2), H, post
-        out = combine(torch.cat([pre.unsqueeze(-2), res], dim=-2).mT, H)  # (..., n + 1, d): the read, then new_i = sum_j H_res[i, j] H_j
+            return combine(pre.unsqueeze(-1), H)[..., 0, :], H, post
+        out = combine(torch.cat([pre.unsqueeze(-2), res], dim=-2).mT, H)  # (..., n + 1, d): the read, then H_res H
         return out[..., 0, :], out[..., 1:, :], post
 
 
 # ----------------------------------------------------------------------------- 2. orthogonal Q/K/V
 
 def cayley(w):
-    """[OViT] Alg. 2 for a stack (n, d, d): 2 (I + A)^-1 - I = (I + A)^-1 (I - A) (Eq. 11) with
-    A = W - W^T. I + A is invertible for every skew A, so inv_ex skips its error check (no host
-    sync). (An inverse and its two-product gradient cost less than solving against I - A.)"""
+    """[OViT] Alg. 2 for a stack (..., d, d): 2 (I + A)^-1 - I = (I + A)^-1 (I - A) (Eq. 11) with A = W - W^T. I + A
+    is invertible for every skew A, so inv_ex skips its error check (no host sync). (An inverse and its two-product
+    gradient cost less than solving against I - A.)"""
     eye = torch.eye(w.shape[-1], dtype=w.dtype, device=w.device)
     return 2 * torch.linalg.inv_ex(eye + w - w.mT)[0] - eye
 
@@ -564,12 +423,10 @@ QKV_MAPS = {'dense': None, 'cayley': cayley, 'exp': exp_map}  # config value `qk
 
 
 class OrthogonalQKV(nn.Module):
-    """Maps a raw (3d, d) weight to three stacked orthogonal d x d matrices ([OViT] Alg. 1-2), in
-    float32 with autocast off. A torch parametrization: `c_attn.weight` is the orthogonal stack,
-    the optimizer sees the raw W ([OViT] Sec. 3.3: plain Adam on W). (torch's own
-    parametrizations.orthogonal reaches the same matrices through other coordinates, hence other
-    gradient steps.) Training and inference set `held` to the value of one batched call for all
-    layers (maps_held)."""
+    """Maps a raw (3d, d) weight to three stacked orthogonal d x d matrices ([OViT] Alg. 1-2), in float32 with
+    autocast off. A torch parametrization: `c_attn.weight` is the orthogonal stack, the optimizer sees the raw W
+    ([OViT] Sec. 3.3: plain Adam on W); torch's parametrizations.orthogonal reaches the same matrices through other
+    coordinates, hence other steps. Training holds in `held` the value of one batched call for all layers."""
 
     def __init__(self, kind):
         super().__init__()
@@ -584,39 +441,6 @@ class OrthogonalQKV(nn.Module):
             q = self.map(wide(w).view(-1, d, d))  # (3 x layers, d, d)
         return q.reshape(w.shape).to(w.dtype)
 
-    def extra_repr(self):
-        return self.kind
-
-
-def batched_maps(model):
-    """{map: its value} for every orthogonal Q/K/V parametrization in model, from one batched call
-    per kind and shape: on a GPU a d x d solve is mostly latency, so all layers cost about one."""
-    groups, values = {}, {}
-    for m in model.modules():
-        if parametrize.is_parametrized(m, 'weight') and isinstance(m.parametrizations.weight[0], OrthogonalQKV):
-            p, w = m.parametrizations.weight[0], m.parametrizations.weight.original
-            groups.setdefault((p.kind, w.shape, w.dtype, w.device), []).append((p, w))
-    for group in groups.values():
-        stacked = group[0][0](torch.stack([w for _, w in group]))  # (layers, 3d, d), one call
-        values.update((p, q) for (p, _), q in zip(group, stacked.unbind(0)))
-    return values
-
-
-@contextmanager
-def maps_held(model, grad=False):
-    """Every orthogonal Q/K/V map computed once, in one batched call, and reused by every forward
-    until exit: the weights must not change inside. With grad=True the values keep their graph,
-    for one backward (a training step holds them across its micro-steps). Yields {map: value}."""
-    with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
-        values = batched_maps(model)
-    for p, value in values.items():
-        p.held = value
-    try:
-        yield values
-    finally:
-        for p in values:
-            p.held = None
-
 
 # ----------------------------------------------------------------------------- 3. configs
 
@@ -624,6 +448,14 @@ def at_least_one(cfg, *keys):
     for key in keys:
         if getattr(cfg, key) < 1:
             raise ValueError(f"{key}={getattr(cfg, key)} must be at least 1")
+
+
+def check_choices(obj):
+    """ValueError for a field of the dataclass obj not among its Literal type's values (or its metadata's choices)."""
+    for f in fields(obj):
+        choices = get_args(f.type) if get_origin(f.type) is Literal else f.metadata.get('choices')
+        if choices is not None and getattr(obj, f.name) not in choices:
+            raise ValueError(f"{f.name}={getattr(obj, f.name)!r} is not one of {' | '.join(map(repr, choices))}")
 
 
 @dataclass
@@ -650,9 +482,7 @@ class BlockConfig:
         for key in ('sigma_w', 'sigma_qk'):
             if not getattr(self, key) >= 0:
                 raise ValueError(f"{key}={getattr(self, key)} must not be negative")
-        for key, choices in ((f.name, f.metadata['choices']) for f in fields(self) if 'choices' in f.metadata):
-            if getattr(self, key) not in choices:
-                raise ValueError(f"{key}={getattr(self, key)!r} is not one of {' | '.join(map(repr, choices))}")
+        check_choices(self)
         if self.mlp_ratio is not None and not self.mlp_ratio > 0:
             raise ValueError(f"mlp_ratio={self.mlp_ratio} must be positive")
         if self.n_embd % self.n_head:
@@ -669,6 +499,7 @@ class BlockConfig:
                 raise ValueError(f"{', '.join(unknown)}: not options of residual={self.residual!r} "
                                  f"(its options: {', '.join(names) or 'none'})")
             self.options = rule.Options(**self.options)
+        check_choices(self.options)
         rule.check(self)
 
 
@@ -717,8 +548,8 @@ def make_norm(cfg, keeps_norm):
 
 
 class SelfAttention(nn.Module):
-    """Multi-head self-attention; `causal` is set by the model that builds the Block; with
-    `normalized`, q and k are normalised and scaled by s_qk ([nGPT] Sec. 2.3.2)."""
+    """Multi-head self-attention, causal or not as the model says; with `normalized`, q and k are normalised and
+    scaled by s_qk ([nGPT] Sec. 2.3.2)."""
 
     def __init__(self, cfg, causal, normalized):
         super().__init__()
@@ -755,17 +586,16 @@ class SelfAttention(nn.Module):
 
 
 def mlp_width(cfg):
-    """The MLP's hidden width: mlp_ratio x n_embd, by default 4 x n_embd, or for the gated MLP,
-    whose first matrix is twice as wide, 8/3 x n_embd: the standard MLP's parameters."""
+    """The MLP's hidden width: mlp_ratio x n_embd, by default 4 x n_embd, or for the gated MLP, whose first matrix is
+    twice as wide, 8/3 x n_embd: the standard MLP's parameters."""
     ratio = cfg.mlp_ratio if cfg.mlp_ratio is not None else 8 / 3 if cfg.mlp == 'gated' else 4
     return round(ratio * cfg.n_embd)
 
 
 class MLP(nn.Module):
-    """Linear -> activation -> Linear ('standard'), or the gated form u * SiLU(v) with u and v from
-    one Linear twice as wide ('gated', the SwiGLU of nGPT's MLP). With `normalized`, [nGPT] Sec.
-    2.4.2's scaling: u s_u and v s_v sqrt(d) (Eq. 20-21); the standard MLP's one input takes
-    v's (our extension of the paper, whose MLP is gated)."""
+    """Linear -> activation -> Linear ('standard'), or the gated form u * SiLU(v) with u and v from one Linear twice as
+    wide ('gated', the SwiGLU of nGPT's MLP). With `normalized`, [nGPT] Sec. 2.4.2's scaling: u s_u and v s_v sqrt(d)
+    (Eq. 20-21); the standard MLP's one input takes v's (our extension of the paper, whose MLP is gated)."""
 
     def __init__(self, cfg, normalized):
         super().__init__()
@@ -792,9 +622,8 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """x <- update(x, attn(norm(x))); x <- update(x, mlp(norm(x))); the rule prepares each branch's
-    input (a wider stream's read of its copies, ResidualUpdate.prepare). `normalized`: nGPT's
-    branches, as the trunk reads it from the rule."""
+    """x <- update(x, attn(norm(h))); x <- update(x, mlp(norm(h))), each h the branch input the rule prepares from x
+    (ResidualUpdate.prepare). `normalized`: nGPT's branches, as the trunk reads it from the rule."""
 
     def __init__(self, cfg, layer, causal, normalized=False):
         super().__init__()
@@ -812,19 +641,12 @@ class Block(nn.Module):
         h, state = self.update_mlp.prepare(x, cache)
         return self.update_mlp(x, self.mlp(self.ln_2(h)), state)
 
-    def stream_matrices(self):
-        """(weight, dim) of each matrix that reads the stream (dim -1) or writes into it (dim 0),
-        dim indexing the stream's features; an orthogonal Q/K/V map's raw W is not one."""
-        reads = [lin for lin in (self.attn.c_attn, self.mlp.c_fc) if not parametrize.is_parametrized(lin)]
-        return [(lin.weight, -1) for lin in reads] + [(self.attn.c_proj.weight, 0), (self.mlp.c_proj.weight, 0)]
-
     @torch.no_grad()
     def init_weights(self, cfg):
-        """'gpt2': N(0, 0.02), output projections N(0, 0.02/sqrt(2 n_layer)) (GPT-2 paper).
-        'sigma' ([OT] "Experiments"): Q, K ~ N(0, sigma_qk^2/d); V, attention out-proj and the
-        MLP's first matrix ~ N(0, sigma_w^2/d); the MLP's second ~ N(0, 2 sigma_w^2/h) for its hidden
-        width h (4d), the 2 compensating ReLU's halving of the variance. Under a Cayley/exp map this initialises
-        the raw W the map reads."""
+        """'gpt2': N(0, 0.02), output projections N(0, 0.02/sqrt(2 n_layer)) (GPT-2 paper). 'sigma' ([OT]
+        "Experiments"): Q, K ~ N(0, sigma_qk^2/d); V, attention out-proj and the MLP's first matrix ~ N(0,
+        sigma_w^2/d); the MLP's second ~ N(0, 2 sigma_w^2/h) for its hidden width h (4d), the 2 compensating ReLU's
+        halving of the variance. Under a Cayley/exp map this initialises the raw W the map reads."""
         d = cfg.n_embd
         for lin in (self.attn.c_attn, self.attn.c_proj, self.mlp.c_fc, self.mlp.c_proj):
             if lin.bias is not None:
@@ -853,11 +675,10 @@ class Sphere(nn.Module):
 
 
 class Trunk:
-    """The stack both models share: ln_emb -> blocks -> ln_f (a mixin, so each model registers these
-    modules among its own). With a norm-keeping rule it is the Orthogonal Transformer's ([OT]
-    "Experiments"): one weightless RMSNorm after the embeddings and no other norm, so every block
-    sees ||x|| = sqrt(d); with the normalized architecture, ||x|| = 1 and logits scaled by s_z
-    ([nGPT] Sec. 2.1)."""
+    """The stack both models share: ln_emb -> blocks -> ln_f (a mixin, so each model registers these modules among
+    its own). With a norm-keeping rule it is the Orthogonal Transformer's ([OT] "Experiments"): one weightless RMSNorm
+    after the embeddings and no other norm, so every block sees ||x|| = sqrt(d); with the normalized architecture,
+    ||x|| = 1 and logits scaled by s_z ([nGPT] Sec. 2.1)."""
 
     def build_trunk(self, config, causal, n_out):
         self.rule = RESIDUALS[config.residual]
@@ -880,12 +701,12 @@ class Trunk:
         return self.ln_f(x.mean(-2) if n else x)
 
     def stream_matrices(self):
-        """(weight, dim) of every embedding, head and block matrix that reads the stream or writes
-        into it, dim the one indexing the stream's features; each weight once (a tied head is the
-        embedding)."""
-        found = {}
-        for w, dim in self.own_stream_matrices() + [m for b in self.blocks for m in b.stream_matrices()]:
-            found.setdefault(w, dim)
+        """(weight, dim) of every embedding, head and block matrix that reads the stream (dim -1) or writes into it
+        (dim 0), dim indexing its features; each once (a tied head is the embedding), not a Q/K/V map's raw W."""
+        found = dict(self.own_stream_matrices())
+        for b in self.blocks:
+            reads = [lin for lin in (b.attn.c_attn, b.mlp.c_fc) if not parametrize.is_parametrized(lin)]
+            found.update([(lin.weight, -1) for lin in reads] + [(b.attn.c_proj.weight, 0), (b.mlp.c_proj.weight, 0)])
         return list(found.items())
 
     @torch.no_grad()
@@ -898,16 +719,14 @@ class Trunk:
 
 
 class DecodeCache:
-    """What incremental decoding carries from one GPT.forward to the next, so that a sequence fed
-    in pieces gives one full forward's logits: the attention keys and values, and any rule's
-    per-position terms. `pos` counts positions seen; buffers hold `capacity` positions."""
+    """What incremental decoding carries from one GPT.forward to the next, so that a sequence fed in pieces gives one
+    full forward's logits: attention's keys and values, any rule's per-position terms; `pos` positions seen so far."""
 
     def __init__(self, capacity):
         self.pos, self.capacity, self.buffers = 0, capacity, {}
 
     def extend(self, module, *new, dim):
-        """Store module's new tensors after the pos positions before them, along dim; returns
-        views of all positions so far."""
+        """Store module's new tensors after the pos positions before them, along dim; views of all positions so far."""
         dim %= new[0].dim()
         key = id(module)  # not the module: torch.compile would guard on the model through the cache
         if key not in self.buffers:
@@ -949,9 +768,9 @@ class GPT(Trunk, nn.Module):
         return [(self.wte.weight, -1), (self.wpe.weight, -1), (self.lm_head.weight, -1)]
 
     def forward(self, idx, targets=None, cache=None):
-        """idx (B, T) token ids -> logits (B, T, vocab), and the mean cross-entropy if targets
-        (B, T) are given (-1 marks positions to ignore). With a DecodeCache, idx continues the
-        sequence the cache has seen (positions cache.pos ...) and the cache takes it in."""
+        """idx (B, T) token ids -> logits (B, T, vocab), and the mean cross-entropy if targets (B, T) are given (-1
+        marks positions to ignore). With a DecodeCache, idx continues the sequence the cache has seen (positions
+        cache.pos ...) and the cache takes it in."""
         B, T = idx.shape
         start = cache.pos if cache is not None else 0
         if start + T > self.config.block_size:
@@ -961,56 +780,43 @@ class GPT(Trunk, nn.Module):
         if cache is not None:
             cache.pos += T
         logits = self.scaled(self.lm_head(x))  # (B, T, vocab)
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
-        return logits, loss
-
-    def window_shift(self, shift=None):
-        """generate()'s shift, checked; None gives the default, block_size // 4."""
-        block = self.config.block_size
-        shift = max(1, block // 4) if shift is None else shift
-        if not 1 <= shift <= block:
-            raise ValueError(f"shift={shift} must lie in [1, block_size={block}]")
-        return shift
+        if targets is None:
+            return logits, None
+        return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
 
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None, use_cache=True, shift=None,
                  compile=False):
-        """Append max_new_tokens sampled tokens to idx (B, T).
-
-        Past block_size the window drops its oldest tokens `shift` at a time (shift=1 is nanoGPT's
-        sliding window; default block_size // 4). With use_cache each new token is read alone
-        against a DecodeCache of the window, which is read again only when it moves: the tokens
-        of use_cache=False (up to float rounding). compile=True compiles the repeated forwards."""
-        block, shift = self.config.block_size, self.window_shift(shift)
+        """Append max_new_tokens sampled tokens to idx (B, T). Past block_size the window drops its oldest tokens
+        `shift` at a time (shift=1 is nanoGPT's sliding window; default block_size // 4). With use_cache each new token
+        is read alone against a DecodeCache of the window, which is read again only when it moves: the tokens of
+        use_cache=False (up to float rounding). compile=True compiles the repeated forwards."""
+        block, shift = self.config.block_size, max(1, self.config.block_size // 4) if shift is None else shift
+        if not 1 <= shift <= block:
+            raise ValueError(f"shift={shift} must lie in [1, block_size={block}]")
         step = torch.compile(self, dynamic=True) if compile else self
         start, cache = 0, None
-        with torch.inference_mode(), maps_held(self):  # Q/K/V maps computed once, not once per token
+        with torch.inference_mode(), parametrize.cached():  # Q/K/V maps computed once, not once per token
             idx = idx.clone()  # an inference tensor like every later idx: one compiled variant, not two
             for _ in range(max_new_tokens):
                 if idx.shape[1] - start > block:  # the window moves: read it again from its new start
                     start, cache = idx.shape[1] - (block - shift + 1), None
                 if cache is not None:
-                    logits, _ = step(idx[:, -1:], cache=cache)
-                elif use_cache:  # eager: it allocates the cache's buffers, once per window
-                    cache = DecodeCache(block)
-                    logits, _ = self(idx[:, start:], cache=cache)
-                else:
-                    logits, _ = step(idx[:, start:])
+                    logits = step(idx[:, -1:], cache=cache)[0]
+                else:  # the window; eager where it allocates the cache's buffers, once per window
+                    cache = DecodeCache(block) if use_cache else None
+                    logits = (self if use_cache else step)(idx[:, start:], cache=cache)[0]
                 logits = logits[:, -1, :].float() / temperature
                 if top_k is not None:
                     v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
                     logits[logits < v[:, [-1]]] = -float('inf')
-                probs = F.softmax(logits, dim=-1)
-                idx = torch.cat((idx, torch.multinomial(probs, 1, generator=generator)), dim=1)
+                idx = torch.cat((idx, torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)), dim=1)
         return idx.clone()  # outside inference mode: usable in autograd
 
 
 class ViT(Trunk, nn.Module):
-    """Image classifier (Dosovitskiy et al.; the ViT of [Oh] Sec. 4.1 and [OViT]): non-overlapping
-    patches linearly embedded, a [CLS] token, learned 1-D position embeddings, the same trunk
-    without a causal mask, and a linear head on the [CLS] output. Global orthogonal mode is the
-    plain per-sample projection here ([Oh] Alg. 2)."""
+    """Image classifier (Dosovitskiy et al.; the ViT of [Oh] Sec. 4.1 and [OViT]): non-overlapping patches linearly
+    embedded, a [CLS] token, learned 1-D position embeddings, the same trunk without a causal mask, and a linear head
+    on the [CLS] output. Global orthogonal mode is the plain per-sample projection here ([Oh] Alg. 2)."""
 
     def __init__(self, config):
         super().__init__()
@@ -1026,8 +832,8 @@ class ViT(Trunk, nn.Module):
 
     @torch.no_grad()
     def init_weights(self):
-        """'gpt2': N(0, 0.02) throughout (as timm's ViT). 'sigma': unit-variance patch embeddings
-        for unit-variance pixels, the analogue of [OT]'s token embeddings; blocks: Block.init_weights."""
+        """'gpt2': N(0, 0.02) throughout (as timm's ViT). 'sigma': unit-variance patch embeddings for unit-variance
+        pixels, the analogue of [OT]'s token embeddings; blocks: Block.init_weights."""
         cfg = self.config
         fan_in = cfg.channels * cfg.patch_size ** 2
         self.patch_embed.weight.normal_(0.0, 1 / math.sqrt(fan_in) if cfg.init == 'sigma' else 0.02)
@@ -1043,12 +849,10 @@ class ViT(Trunk, nn.Module):
         return [(self.head.weight, -1)]  # the patch embedding, a convolution, is left as it is
 
     def forward(self, images, labels=None):
-        """images (B, C, H, W) float -> logits (B, n_classes), and the cross-entropy if labels are
-        given: class indices (B,) or class probabilities (B, n_classes), as mixup makes."""
+        """images (B, C, H, W) float -> logits (B, n_classes), and the cross-entropy if labels are given: class
+        indices (B,) or class probabilities (B, n_classes), as mixup makes."""
         x = self.patch_embed(images).flatten(2).transpose(1, 2)  # (B, N, C)
         x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + self.pos_emb
         logits = self.scaled(self.head(self.trunk(self.drop(x))[:, 0]))  # (B, n_classes)
-        loss = None
-        if labels is not None:
-            loss = F.cross_entropy(logits, labels, label_smoothing=self.config.label_smoothing)
-        return logits, loss
+        return logits, None if labels is None else F.cross_entropy(logits, labels,
+                                                                   label_smoothing=self.config.label_smoothing)

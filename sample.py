@@ -61,8 +61,8 @@ def main(argv=None):
     device = resolve_device(args.device)
     model, ckpt, cfg = checkpoint.load_language_model(args.out_dir, args.ckpt)
     model.to(device)
-    try:
-        model.window_shift(args.shift)
+    try:  # no new token: the arguments checked, before the prompt is read
+        model.generate(torch.zeros(1, 1, dtype=torch.long, device=device), 0, shift=args.shift)
     except ValueError as e:
         raise UserError(f"--{e}") from None
 

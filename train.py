@@ -16,6 +16,12 @@ uninterrupted (same process count), running an interrupted evaluation again firs
 run may switch residual between rules that build the same parameters, such as 'additive' and
 'orthogonal' (and change their options or dropout), with --reset_optimizer=True to restart the
 optimizer and the schedule there; the change is recorded in the checkpoint's history.
+
+One process writes an out_dir at a time: a second train.py on it is refused at once, naming the
+first (a lock that the operating system releases when its holder dies, even by SIGKILL). Under
+torchrun the workers stop as if by SIGTERM, saving first, when their launcher dies. A checkpoint
+that cannot be written (a full disk) stops the run with the previous one intact. See
+docs/reliability.md.
 """
 
 import json
@@ -31,9 +37,10 @@ import torch
 import torch.distributed as dist
 
 import configure
-from orthogpt import checkpoint, diagnostics, errors, hf, parallel, resume, sharded
+from orthogpt import checkpoint, diagnostics, errors, hf, lock, parallel, resume, sharded
 from orthogpt.errors import UserError
 from orthogpt.estimate import check_cpu_run, format_time
+from orthogpt.files import write_text
 from orthogpt.logs import RunLog
 from orthogpt.optim import NonFinite, StepScaler, make_optimizer, oom_advice, schedule, train_step
 from orthogpt.rng import rng_state, seed_all, set_rng_state
@@ -53,7 +60,8 @@ def main(argv=None):
     was_deterministic = torch.are_deterministic_algorithms_enabled()
     env = parallel.setup(cfg)
     try:
-        train(cfg, env, argv, given)
+        with parallel.master_holds(env, lambda: lock.hold(cfg.out_dir)):  # one run writes an out_dir
+            train(cfg, env, argv, given)
     finally:
         torch.use_deterministic_algorithms(was_deterministic)
         parallel.teardown(env)
@@ -179,7 +187,8 @@ def starting_point(cfg, env, given):
         if env.master:
             for _, reason in refused:
                 print(f"warning: {reason}")
-            print(f"resuming from {path} (iteration {ckpt['iter_num']})")
+            print(f"resuming from {path} (iteration {ckpt['iter_num']})"
+                  + (", the newest checkpoint that verifies" if refused else ""))
         saved = configure.from_dict(ckpt['config'])
         if hf.is_pretrained(saved.init_from):  # the saved architecture again; the weights' origin kept
             cfg = replace(hf.adopt(cfg, asdict(configure.model_config(saved)), given), init_from=saved.init_from)
@@ -231,8 +240,7 @@ def announce(cfg, env, task, raw_model, optimizer, run, log, pretrained):
     if not env.master:
         return
     if not cfg.eval_only:
-        with open(os.path.join(cfg.out_dir, 'config.json'), 'w') as f:
-            json.dump(asdict(cfg), f, indent=1)
+        write_text(os.path.join(cfg.out_dir, 'config.json'), json.dumps(asdict(cfg), indent=1))
     if pretrained:
         print(f"starting from the weights of {cfg.init_from}")
     print(f"{raw_model.num_params():,} parameters, residual={cfg.residual}, qkv={cfg.qkv}, mlp={cfg.mlp}; "

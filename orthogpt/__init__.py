@@ -2,14 +2,15 @@
 Imports flow one way: model.py <- this package <- scripts and tools; configure/ reads model.py.
 
     errors       UserError, and the entry points' turning of it into `error: ...` and exit 1
-    files        the one atomic, fsync'd file write
+    files        the one atomic, fsync'd file write, and what a failed write says
+    lock         one writer per folder: a lock the operating system frees when its holder dies
     progress     the one progress bar
     device       device and dtype choice, autocast
-    parallel     this process among torchrun's: DDP or FSDP, gradient synchronisation
+    parallel     this process among torchrun's: DDP or FSDP, gradient synchronisation, the lock on rank 0
     optim        AdamW and Muon, the learning-rate schedule, one optimizer step, non-finite steps
-    signals      Ctrl-C and SIGTERM as a request to stop at the next step
+    signals      Ctrl-C and SIGTERM as a request to stop at the next step; SIGTERM when the launcher dies
     rng          every random generator's state, for exact resumption
-    checkpoint   checkpoint files: atomic, checksummed, versioned; the newest that verifies
+    checkpoint   checkpoint files: atomic, checksummed (and their sharded folders), versioned; the newest that verifies
     sharded      FSDP's checkpoints: torch.distributed.checkpoint folders
     resume       what a resumed run may change
     chars        character-level text (Tiny Shakespeare): preparation
@@ -18,8 +19,10 @@ Imports flow one way: model.py <- this package <- scripts and tools; configure/ 
     images       image datasets on the device, and their augmentation
     tasks        what the loop trains on: a GPT on token windows, or a ViT on images
     estimate     how long a CPU run will take, from timed steps
-    logs         a run's log.jsonl (and Weights & Biases): written, read
+    logs         a run's log.jsonl (and Weights & Biases): written, read, damaged lines dropped
     plots        validation curves of runs in one figure
     diagnostics  measurements of the residual stream: gradient norms, update statistics
-    hf           the Hugging Face format: pretrained weights into a run, a run out to a folder
+    maps         the orthogonal Q/K/V maps computed once, in one batched call, for many forwards
+    hf           the Hugging Face format: pretrained weights into a run, a run out to a folder that transformers loads
+                 (remote_code/: the files an export copies beside model.py)
 """

@@ -11,7 +11,9 @@ In an out_dir: ckpt.pt is the latest, ckpt-<iter>.pt the last keep_last_n saves 
 the newest costs no space) and best.pt the one with the best val loss. load_latest() takes the
 newest of them that verifies. A run with parallel='fsdp' keeps its model and optimizer state in
 ckpt-<iter>.dcp folders instead (orthogpt/sharded.py); the checkpoint file names its folder
-('sharded').
+('sharded') and records the size and SHA-256 of each of the folder's files ('shards'), and load()
+refuses a checkpoint whose folder lost a file or holds one that changed (truncated, say), as it
+refuses a damaged file.
 """
 
 import glob
@@ -52,10 +54,44 @@ def checksum(obj):
 
 
 def save(obj, path):
-    """obj, with its format and checksum, to `path` atomically (files.write_atomic)."""
+    """obj, with its format and checksum (and the files of the folder it names, if sharded), to
+    `path` atomically (files.write_atomic)."""
     obj = dict(obj, format=FORMAT)
+    if obj['sharded']:
+        obj['shards'] = shards(os.path.join(os.path.dirname(path), obj['sharded']))
     obj['checksum'] = checksum(obj)
     write_atomic(path, lambda f: torch.save(obj, f))
+
+
+def shards(folder):
+    """{name: [size, SHA-256]} of each file of a ckpt-<iter>.dcp folder."""
+    return {name: [os.path.getsize(os.path.join(folder, name)), digest(os.path.join(folder, name))]
+            for name in sorted(os.listdir(folder))}
+
+
+def digest(path):
+    h = hashlib.sha256()
+    with open(path, 'rb') as f:
+        for block in iter(lambda: f.read(1 << 24), b''):
+            h.update(block)
+    return h.hexdigest()
+
+
+def folder_damage(folder, recorded, hashes):
+    """Why the files of a ckpt-<iter>.dcp folder are not those recorded ({name: [size, SHA-256]},
+    shards(); with hashes False the sizes alone are compared; [] checks that the file exists), or None."""
+    for name, want in recorded.items():
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            return f"whose file {name} is missing"
+        if not want:
+            continue
+        size, sha = want
+        if os.path.getsize(path) != size:
+            return f"whose file {name} holds {os.path.getsize(path):,} bytes, not the {size:,} written (truncated?)"
+        if hashes and digest(path) != sha:
+            return f"whose file {name} fails its checksum: its contents changed after it was written"
+    return None
 
 
 def snapshot(out_dir, iter_num, keep_last_n):
@@ -84,8 +120,9 @@ def candidates(out_dir):
     return [p for p in paths if os.path.exists(p)]
 
 
-def load(path, map_location='cpu'):
-    """A verified checkpoint dict with 'config' (and 'meta', if saved) decoded from JSON."""
+def load(path, map_location='cpu', hashes=True):
+    """A verified checkpoint dict with 'config' (and 'meta', if saved) decoded from JSON; with
+    hashes False the files of a sharded checkpoint's folder are checked by size alone."""
     if not os.path.isfile(path):
         raise UserError(f"no checkpoint at {path}; train one first (python train.py CONFIG) "
                         f"or point --out_dir at the folder holding ckpt.pt")
@@ -100,9 +137,13 @@ def load(path, map_location='cpu'):
     if ckpt.get('format') != FORMAT:
         raise UserError(f"{path} is a checkpoint of format {ckpt.get('format')!r}, written by another version of "
                         f"OrthoGPT; this version reads format {FORMAT}: use the version that wrote it")
-    sharded = ckpt['sharded'] and os.path.join(os.path.dirname(path), ckpt['sharded'])
-    if sharded and not os.path.exists(os.path.join(sharded, '.metadata')):
-        raise UserError(f"{path} names {sharded}, which is missing or incomplete")
+    folder = ckpt['sharded'] and os.path.join(os.path.dirname(path), ckpt['sharded'])
+    if folder:
+        if not os.path.isdir(folder):
+            raise UserError(f"{path} names {folder}, which is missing")
+        damage = folder_damage(folder, ckpt.get('shards', {'.metadata': []}), hashes)  # older: no sizes recorded
+        if damage:
+            raise UserError(f"{path} names {folder}, {damage}")
     ckpt['config'] = json.loads(ckpt['config'])
     if ckpt['meta'] is not None:
         ckpt['meta'] = json.loads(ckpt['meta'])
@@ -113,7 +154,7 @@ def named_folders(out_dir):
     """The ckpt-<iter>.dcp folders that the checkpoint files of out_dir name, or None while one of
     those files cannot be read (then none may be deleted)."""
     try:
-        return {load(path)['sharded'] for path in candidates(out_dir)}
+        return {load(path, hashes=False)['sharded'] for path in candidates(out_dir)}
     except UserError:
         return None
 

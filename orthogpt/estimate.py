@@ -7,12 +7,11 @@ import statistics
 import time
 
 import torch
-import torch.distributed as dist
 
 import configure
 from orthogpt.errors import UserError
 from orthogpt.optim import oom_advice
-from orthogpt.parallel import maps_of
+from orthogpt.parallel import maps_of, verdict
 
 LIMIT = 3600  # seconds: a run that did not ask for the CPU stops before training past this
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -94,13 +93,6 @@ def check_cpu_run(cfg, env, task, model, argv, iters, evals):
                        f"{duration(statistics.median(total))}. For a CPU, stack config/cpu.py (nanoGPT's CPU recipe: "
                        f"{small.n_layer} layers x {small.n_embd}, {small.max_iters} iterations):\n  {cpu_command(argv)}\n"
                        f"or run this config here anyway with --device=cpu")
-    if env.ddp:
-        box = [message]
-        dist.broadcast_object_list(box, src=0)
-        message = box[0]
-        if message:
-            # gloo's worker thread frees the broadcast's tensors under the GIL: a process group torn
-            # down before it has (the error below ends the run) can wait for it forever
-            dist.barrier()
+    message = verdict(env, message)
     if message:
         raise UserError(message)

@@ -2,27 +2,34 @@
 
     model = hf.from_pretrained('gpt2')             # 'gpt2', ..., 'gpt2-xl', or a folder
     python train.py config/finetune_shakespeare.py # init_from='gpt2': fine-tune from OpenAI's weights
-    python tools/export.py --out_dir=RUN --to=DIR  # DIR/config.json and DIR/model.safetensors
+    python tools/export.py --out_dir=RUN --to=DIR  # a folder that transformers loads, whatever the rule
 
 A folder holds config.json and model.safetensors, in one of two layouts:
 - GPT-2's (model_type 'gpt2'), which transformers' GPT2LMHeadModel loads with no custom code. A GPT
   with GPT-2's architecture (GPT2_ARCH: LayerNorm and Linear biases, GELU's tanh approximation, a
   tied head, dense Q/K/V) whose every update is additive is exported so; OpenAI's checkpoints are
   read so. GPT-2 stores each Linear weight as a Conv1D's, (in, out), transposed from ours.
-- OrthoGPT's own (model_type 'orthogpt') for every other variant: our GPTConfig and state dict as
-  they are, which from_pretrained reads back exactly.
+- OrthoGPT's own (model_type 'orthogpt') for every other variant: our GPTConfig (config.json's
+  'config') and state dict as they are, which from_pretrained reads back exactly. Beside them,
+  model.py itself, copied, and the two files of orthogpt/remote_code/ that fit its GPT to
+  transformers, named in config.json's auto_map: AutoModelForCausalLM.from_pretrained(DIR,
+  trust_remote_code=True) loads it with no clone of OrthoGPT. (Folders of older versions lack
+  them; from_pretrained reads those as well.)
 The vocabulary is the checkpoint's (GPT-2: 50257, not padded), so there is no padding to sample.
+Beside the model: the tokenizer AutoTokenizer loads (GPT-2's files, or a character vocabulary's
+tokenizer.json) and a README.md, the model card.
 """
 
+import inspect
 import json
 import os
 import re
 from dataclasses import asdict, fields, replace
 
-from model import GPT, AdditiveUpdate, GPTConfig
+from model import GPT, QKV_MAPS, RESIDUALS, AdditiveUpdate, GPTConfig
 from orthogpt import bpe, hub
 from orthogpt.errors import UserError
-from orthogpt.files import write_bytes, write_text
+from orthogpt.files import write_bytes
 from orthogpt.resume import SWITCHABLE
 
 FREE = SWITCHABLE | {'block_size'}  # keys a run may set otherwise, keeping the weights (block_size: fewer positions)
@@ -31,6 +38,11 @@ GPT2_HUB = {name: f'openai-community/{name}' for name in ('gpt2', 'gpt2-medium',
 GPT2_ARCH = dict(norm='layernorm', bias=True, activation='gelu_tanh', tie_weights=True, qkv='dense')
 GPT2_ACTIVATIONS = {'gelu_new': 'gelu_tanh', 'gelu_pytorch_tanh': 'gelu_tanh', 'gelu': 'gelu', 'relu': 'relu'}
 GPT2_CONV1D = re.compile(r'blocks\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight')  # stored (in, out)
+
+REMOTE_CODE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'remote_code')  # copied beside model.py
+REMOTE_FILES = ('configuration_orthogpt.py', 'modeling_orthogpt.py')
+AUTO_MAP = {'AutoConfig': 'configuration_orthogpt.OrthoGPTConfig',
+            'AutoModelForCausalLM': 'modeling_orthogpt.OrthoGPTForCausalLM'}
 
 
 def from_pretrained(name_or_dir, **overrides):
@@ -63,7 +75,8 @@ def pretrained_folder(name_or_dir):
 def read_pretrained(name_or_dir):
     """(GPTConfig keys, state dict in our names and orientation) of a Hugging Face folder in GPT-2's
     layout (model_type 'gpt2', as OpenAI's checkpoints) or OrthoGPT's ('orthogpt': our GPTConfig
-    and state dict as they are), or of a GPT-2 name on the hub."""
+    and state dict as they are, as export writes them or as transformers' save_pretrained does,
+    under gpt.), or of a GPT-2 name on the hub."""
     from safetensors.torch import load_file
     folder = pretrained_folder(name_or_dir)
     missing = [f for f in ('config.json', 'model.safetensors') if not os.path.isfile(os.path.join(folder, f))]
@@ -76,6 +89,7 @@ def read_pretrained(name_or_dir):
     if hf.get('model_type') == 'orthogpt':  # JSON's lists are the config's tuples
         keys = {k: tuple(v) if isinstance(v, list) else v for k, v in hf['config'].items()}
         keys['options'] = {k: tuple(v) if isinstance(v, list) else v for k, v in keys.get('options', {}).items()}
+        tensors = {k.removeprefix('gpt.'): t for k, t in tensors.items()}  # transformers' save_pretrained: gpt.*
     elif hf.get('model_type') == 'gpt2':
         keys, tensors = gpt2_keys(hf, folder), gpt2_state(tensors)
     else:
@@ -182,19 +196,67 @@ def gpt2_layout(model):
             and all(type(m) is AdditiveUpdate for b in model.blocks for m in (b.update_attn, b.update_mlp)))
 
 
-def export(model, folder, gpt2_tokens=False):
-    """Write model to folder as config.json and model.safetensors: GPT-2's layout where
-    gpt2_layout(model), else OrthoGPT's own; with gpt2_tokens (a model of GPT-2's vocabulary), the
-    GPT-2 tokenizer's files from tiktoken's cache, where it holds them, so that transformers'
-    AutoTokenizer loads the folder; and a README.md that says how to load it. Returns the layout's
-    model_type."""
+def read_bytes(path):
+    with open(path, 'rb') as f:
+        return f.read()
+
+
+def foreign_classes(model):
+    """The classes of model's modules that neither model.py nor torch defines (a rule registered from elsewhere)."""
+    return sorted({f"{type(m).__module__}.{type(m).__qualname__}" for m in model.modules()
+                   if type(m).__module__ != GPT.__module__ and not type(m).__module__.startswith('torch.')})
+
+
+def char_tokenizer(itos):
+    """The tokenizer.json (the `tokenizers` library's format) of a character vocabulary, itos[i] the character of
+    token i: every character one token, the tokens joined back as they are. A character outside it fails to encode."""
+    every_character = {'type': 'Split', 'pattern': {'Regex': r'[\s\S]'}, 'behavior': 'Isolated', 'invert': False}
+    return {'version': '1.0', 'truncation': None, 'padding': None, 'added_tokens': [], 'normalizer': None,
+            'pre_tokenizer': every_character, 'post_processor': None, 'decoder': {'type': 'Fuse'},
+            'model': {'type': 'WordLevel', 'vocab': {c: i for i, c in enumerate(itos)}, 'unk_token': '<unk>'}}
+
+
+def tokenizer_files(tokens, cfg):
+    """{file name: contents} of the tokenizer transformers' AutoTokenizer loads offline: GPT-2's from tiktoken's cache
+    ({} where it lacks them), or a character vocabulary's tokenizer.json."""
+    if tokens is None:
+        return {}
+    if tokens == 'gpt2':
+        cached = bpe.cached_files()
+        if not cached:
+            return {}
+        files = {name: read_bytes(cached[source]) for name, source in (('vocab.json', 'encoder.json'),
+                                                                         ('merges.txt', 'vocab.bpe'))}
+        settings = dict(tokenizer_class='GPT2Tokenizer', bos_token='<|endoftext|>', eos_token='<|endoftext|>',
+                        unk_token='<|endoftext|>')
+    else:
+        files = {'tokenizer.json': json.dumps(char_tokenizer(tokens), indent=1, ensure_ascii=False).encode()}
+        settings = dict(tokenizer_class='PreTrainedTokenizerFast', clean_up_tokenization_spaces=False)
+    settings['model_max_length'] = cfg.block_size
+    return {**files, 'tokenizer_config.json': json.dumps(settings, indent=1).encode()}
+
+
+def export(model, folder, tokens=None, run=None):
+    """Write model to folder for transformers, and return the layout's model_type: 'gpt2' where gpt2_layout(model)
+    (GPT2LMHeadModel loads it, no custom code), else 'orthogpt': our GPTConfig in config.json, registered through
+    its auto_map, the state dict as it is, model.py itself and the files of orthogpt/remote_code/ that fit its GPT to
+    transformers (AutoModelForCausalLM with trust_remote_code=True), so that the folder needs no clone of OrthoGPT.
+    tokens: 'gpt2' (GPT-2's BPE; its files from tiktoken's cache, where it holds them), a character vocabulary (the
+    character of each token id) or None: the tokenizer AutoTokenizer loads. run: the training run's config,
+    iter_num and best_val_loss, for the model card (README.md). A folder that holds any of the files is refused."""
     from safetensors.torch import save
     cfg = model.config
+    layout = 'gpt2' if gpt2_layout(model) else 'orthogpt'
+    foreign = foreign_classes(model)
+    if layout == 'orthogpt' and foreign:
+        raise UserError(f"residual={cfg.residual!r} builds {', '.join(foreign)}, which model.py does not define: the "
+                        f"exported folder carries model.py alone, so transformers could not build the model; define "
+                        f"the rule in model.py to export it")
     state = {k: t.detach().cpu().contiguous() for k, t in model.state_dict().items()}
     if cfg.tie_weights:
         del state['lm_head.weight']  # the same tensor as wte.weight; safetensors stores it once
     eot = 50256 if cfg.vocab_size > 50256 else None  # GPT-2's <|endoftext|>, where the vocabulary has it
-    if gpt2_layout(model):
+    if layout == 'gpt2':
         hf_cfg = dict(model_type='gpt2', architectures=['GPT2LMHeadModel'], vocab_size=cfg.vocab_size,
                       n_positions=cfg.block_size, n_embd=cfg.n_embd, n_layer=cfg.n_layer, n_head=cfg.n_head,
                       n_inner=None, activation_function='gelu_new', layer_norm_epsilon=1e-5,
@@ -202,41 +264,91 @@ def export(model, folder, gpt2_tokens=False):
                       tie_word_embeddings=True, bos_token_id=eot, eos_token_id=eot)
         state = {'transformer.' + re.sub(r'^blocks\.', 'h.', k): t.t().contiguous() if GPT2_CONV1D.fullmatch(k) else t
                  for k, t in state.items()}
+        code = {}
     else:
-        hf_cfg = dict(model_type='orthogpt', config=asdict(cfg))
-    write_text(os.path.join(folder, 'config.json'), json.dumps(hf_cfg, indent=1))
-    write_bytes(os.path.join(folder, 'model.safetensors'), save(state))
-    tokenizer = bpe.cached_files() if gpt2_tokens else {}
-    for name, path in ((('vocab.json', tokenizer['encoder.json']), ('merges.txt', tokenizer['vocab.bpe']))
-                       if tokenizer else ()):
-        with open(path, 'rb') as f:
-            write_bytes(os.path.join(folder, name), f.read())
-    if tokenizer:
-        write_text(os.path.join(folder, 'tokenizer_config.json'), json.dumps(dict(
-            tokenizer_class='GPT2Tokenizer', model_max_length=cfg.block_size, bos_token='<|endoftext|>',
-            eos_token='<|endoftext|>', unk_token='<|endoftext|>'), indent=1))
-    write_text(os.path.join(folder, 'README.md'), readme(hf_cfg['model_type'], cfg, bool(tokenizer), gpt2_tokens))
-    return hf_cfg['model_type']
+        hf_cfg = dict(model_type='orthogpt', architectures=['OrthoGPTForCausalLM'], auto_map=AUTO_MAP,
+                      config=asdict(cfg), bos_token_id=eot, eos_token_id=eot)
+        code = {'model.py': read_bytes(inspect.getsourcefile(GPT)),
+                **{name: read_bytes(os.path.join(REMOTE_CODE, name)) for name in REMOTE_FILES}}
+    tokenizer = tokenizer_files(tokens, cfg)
+    files = {'config.json': json.dumps(hf_cfg, indent=1).encode(), 'model.safetensors': save(state), **code,
+             **tokenizer, 'README.md': model_card(layout, model, folder, tokens, bool(tokenizer), run).encode()}
+    present = [name for name in files if os.path.exists(os.path.join(folder, name))]
+    if present:
+        raise UserError(f"{folder} already holds {', '.join(present)}: an export writes over nothing; pick another "
+                        f"folder (or delete those)")
+    for name, data in files.items():
+        write_bytes(os.path.join(folder, name), data)
+    return layout
 
 
-def readme(layout, cfg, tokenizer, gpt2_tokens):
-    """The exported folder's README.md: what it holds and how to load it."""
-    name = f"residual={cfg.residual!r}, qkv={cfg.qkv!r}, norm={cfg.norm!r}, activation={cfg.activation!r}"
-    lines = [f"# An OrthoGPT model ({cfg.n_layer} layers x {cfg.n_embd}, {cfg.vocab_size} tokens, {name})", ""]
+def references():
+    """{short name: the paper} of the citations in model.py's docstring ('[Oh]    G. Oh, ...', continued on more
+    indented lines)."""
+    refs, key = {}, None
+    for line in (inspect.getmodule(GPT).__doc__ or '').splitlines():
+        cite = re.match(r'\s*\[([^\]]+)\]\s+(\S.*)', line)
+        if cite:
+            key, refs[cite[1]] = cite[1], cite[2]
+        elif key and line.startswith('   ') and line.strip():
+            refs[key] += ' ' + line.strip()
+        else:
+            key = None
+    return refs
+
+
+def model_card(layout, model, folder, tokens, tokenizer, run):
+    """The exported folder's README.md: the model (its rule, and the papers model.py cites for it), how to load,
+    sample and evaluate it, and the training run (its config and val loss)."""
+    cfg, rule = model.config, RESIDUALS[model.config.residual]
+    refs = references()
+    cited = dict.fromkeys(k for part in (rule, QKV_MAPS[cfg.qkv]) if part is not None
+                          for k in re.findall(r'\[([^\]]+)\]', part.__doc__ or '') if k in refs)
+    vocabulary = 'GPT-2 BPE' if tokens == 'gpt2' else 'characters' if tokens else 'no tokenizer'
+    custom = '' if layout == 'gpt2' else ', trust_remote_code=True'
+    lines = ["---", "library_name: transformers", "tags: [orthogpt]", "---", "",
+             f"# OrthoGPT: residual={cfg.residual!r}, {cfg.n_layer} layers x {cfg.n_embd}", "",
+             f"A causal language model trained with OrthoGPT and exported by its tools/export.py. Its residual "
+             f"update, `{cfg.residual}` ({rule.__name__} in model.py):", "",
+             *('    ' + line if line else '' for line in inspect.cleandoc(rule.__doc__ or 'no docstring').splitlines()),
+             "",
+             f"- rule options: {', '.join(f'{k}={v!r}' for k, v in asdict(cfg.options).items()) or 'none'}",
+             f"- Q/K/V {cfg.qkv!r}, norm {cfg.norm!r}, MLP {cfg.mlp!r} with {cfg.activation!r}, "
+             f"{'tied' if cfg.tie_weights else 'untied'} head",
+             f"- {cfg.vocab_size} tokens ({vocabulary}), {cfg.block_size} positions, {model.num_params():,} parameters",
+             ""]
+    if cited:
+        lines += ["Papers (as model.py cites them):", ""] + [f"- [{k}] {refs[k]}" for k in cited] + [""]
+    lines += ["## Loading", ""]
     if layout == 'gpt2':
-        lines += ["GPT-2's layout: transformers loads it with no custom code.", "", "```python",
-                  "from transformers import GPT2LMHeadModel", "model = GPT2LMHeadModel.from_pretrained('.')"]
-        lines += ["from transformers import AutoTokenizer", "tokenizer = AutoTokenizer.from_pretrained('.')"] if tokenizer else []
-        lines += ["```"]
+        lines += ["GPT-2's layout: transformers' GPT2LMHeadModel computes it, with no custom code.", ""]
     else:
-        lines += ["OrthoGPT's own layout (`model_type` 'orthogpt'): its residual update, Q/K/V map or norms are none "
-                  "of transformers' GPT-2, so transformers cannot load it (it would ask for a newer version: it knows "
-                  "no model type 'orthogpt'). OrthoGPT's `orthogpt.hf` reads it back exactly:", "", "```python",
-                  "from orthogpt import hf   # in a clone of OrthoGPT", "model = hf.from_pretrained('.')", "```"]
-    if gpt2_tokens and not tokenizer:
-        lines += ["", "Its tokens are GPT-2's BPE (tiktoken's 'gpt2' encoding); the tokenizer's files were not in "
-                      "tiktoken's cache when it was exported, so none are here."]
-    elif not gpt2_tokens:
-        lines += ["", "Its vocabulary is the training run's own (characters): the run's checkpoint holds it "
-                      "(`meta`), and `python sample.py --out_dir=RUN` decodes with it."]
-    return '\n'.join(lines) + '\n'
+        lines += ["OrthoGPT's layout, with its own code: `model.py` is OrthoGPT's model code, copied as it was at "
+                  "export, and `modeling_orthogpt.py` and `configuration_orthogpt.py` fit it to transformers, which "
+                  "runs them only with `trust_remote_code=True`. `generate()` decodes with the model's own cache, "
+                  f"within {cfg.block_size} positions (past them, OrthoGPT's sample.py slides the window), one prompt "
+                  "or prompts of one length at a time (the model takes no left padding); `labels=` gives the loss.", ""]
+    lines += ["```python", "from transformers import AutoModelForCausalLM, AutoTokenizer",
+              f"model = AutoModelForCausalLM.from_pretrained({str(folder)!r}{custom})"]
+    if tokenizer:
+        lines += [f"tokenizer = AutoTokenizer.from_pretrained({str(folder)!r}{custom})",
+                  "ids = tokenizer('ROMEO:', return_tensors='pt').input_ids",
+                  "print(tokenizer.decode(model.generate(ids, max_new_tokens=20, do_sample=False)[0]))"]
+    lines += ["```", "", "In OrthoGPT, `orthogpt.hf.from_pretrained(FOLDER)` reads it back as its GPT.", ""]
+    if tokens == 'gpt2' and not tokenizer:
+        lines += ["Its tokens are GPT-2's BPE (tiktoken's 'gpt2' encoding); the tokenizer's files were not in "
+                  "tiktoken's cache when it was exported, so none are here.", ""]
+    elif not tokens:
+        lines += ["No tokenizer was exported with it: the token ids are those of its training data.", ""]
+    if tokenizer:
+        args = f"pretrained={folder}{custom.replace(' ', '')}"
+        if tokens != 'gpt2':  # lm-eval needs a prefix token, BOS or EOS, which characters lack: the newline
+            args += f",prefix_token_id={tokens.index(chr(10)) if chr(10) in tokens else 0}"
+        lines += ["## Evaluation with lm-evaluation-harness", "", "```sh",
+                  f"lm_eval --model hf --model_args {args} --tasks hellaswag --device cpu --batch_size 8", "```", ""]
+    if run:
+        lines += ["## Training run", "",
+                  f"These are the weights at iteration {run['iter_num']}; the run's best val loss: "
+                  f"{run['best_val_loss']:.4f}. Its config:", "", "```json", json.dumps(run['config'], indent=1),
+                  "```", ""]
+    return '\n'.join(lines)

@@ -1,9 +1,17 @@
 """A run's logs: out_dir/log.jsonl (one JSON record per line: training lines, evaluations, events),
-out_dir/dynamics.jsonl (--dynamics), and their mirror on Weights & Biases; and reading them back."""
+out_dir/dynamics.jsonl (--dynamics), and their mirror on Weights & Biases; and reading them back.
+
+A line that does not parse (cut short by a crash or a full disk, or glued to another) is dropped
+with a warning naming the file and the line, by a resumed run as by a reader: a damaged log never
+stops a resume, nor hides the rest of a run's records.
+"""
 
 import json
 import os
+from contextlib import suppress
 from dataclasses import asdict
+
+from orthogpt.files import write_error, write_text
 
 
 class RunLog:
@@ -25,27 +33,53 @@ class RunLog:
 
     def write(self, record, name='log'):
         if name in self.files:
-            self.files[name].write(json.dumps(record) + '\n')
-            self.files[name].flush()
+            f = self.files[name]
+            try:
+                f.write(json.dumps(record) + '\n')
+                f.flush()
+            except OSError as e:
+                raise write_error(f.name, e, "the records written before are kept") from None
             if self.wandb is not None:
                 self.wandb.log(flatten(record), step=record['iter'])
 
     def close(self):
         for f in self.files.values():
-            f.close()
+            with suppress(OSError):  # the rest of a write that failed, which raised already
+                f.close()
         if self.wandb is not None:
             self.wandb.finish()
 
 
 def reopen(path, start_iter):
-    """path for appending, holding only the records up to start_iter."""
-    kept = []
-    if start_iter and os.path.exists(path):
-        with open(path) as f:
-            kept = [line for line in f if json.loads(line)['iter'] <= start_iter]
-    f = open(path, 'w')
-    f.writelines(kept)
-    return f
+    """path for appending, holding only the records up to start_iter (rewritten atomically)."""
+    kept = [line for line, record in parsed(path) if record['iter'] <= start_iter] if start_iter else []
+    write_text(path, ''.join(line.rstrip('\n') + '\n' for line in kept))
+    return open(path, 'a')
+
+
+WARNED = set()  # (file, number, line) of each damaged line reported: compare.py reads a log again and again
+
+
+def parsed(path):
+    """(line, record) of each line of a .jsonl file that holds a record (a JSON object with an
+    'iter'); a line that does not is dropped with a warning. [] if the file is missing."""
+    try:
+        with open(path, errors='replace') as f:  # a line cut inside a character still reads
+            lines = f.readlines()
+    except FileNotFoundError:
+        return []
+    found = []
+    for n, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if isinstance(record, dict) and isinstance(record.get('iter'), int):
+            found.append((line, record))
+        elif (path, n, line) not in WARNED:
+            WARNED.add((path, n, line))
+            print(f"warning: {path} line {n} is not a whole record, dropped: {line.strip()[:80]!r}")
+    return found
 
 
 def wandb_mode():
@@ -79,12 +113,11 @@ def flatten(record, prefix=''):
 
 
 def read(out_dir_or_log, name='log'):
-    """The records of a run's log (given its out_dir, or the .jsonl file itself); [] if unreadable."""
+    """The records of a run's log (given its out_dir, or the .jsonl file itself); [] if it has none."""
     path = out_dir_or_log if out_dir_or_log.endswith('.jsonl') else os.path.join(out_dir_or_log, f'{name}.jsonl')
     try:
-        with open(path) as f:
-            return [json.loads(line) for line in f]
-    except (OSError, json.JSONDecodeError):
+        return [record for _, record in parsed(path)]
+    except OSError:
         return []
 
 

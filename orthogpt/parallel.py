@@ -1,5 +1,6 @@
-"""This process among torchrun's: its rank, device and dtype; the model wrapped for DDP or sharded
-by FSDP2; how a micro-step synchronises gradients; and the end of the process group."""
+"""This process among torchrun's: its rank, device and dtype; the run's lock, held by rank 0; the
+model wrapped for DDP or sharded by FSDP2; how a micro-step synchronises gradients; and the end of
+the process group."""
 
 import os
 import sys
@@ -14,9 +15,10 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.nn.utils import parametrize
 
-from model import maps_held
+from orthogpt.maps import maps_held
 from orthogpt.device import autocast, resolve_device, resolve_dtype
 from orthogpt.errors import UserError
+from orthogpt.signals import stop_with_parent
 
 
 @dataclass
@@ -61,6 +63,7 @@ def setup(cfg):
         raise UserError("parallel='fsdp' computes in bfloat16 or float32 here (float16 would need a sharded loss "
                         "scaler): use --dtype=bfloat16")
     if ddp:
+        stop_with_parent()  # torchrun's agent: if it is killed, stop (and save) rather than train on as an orphan
         rank, local_rank, world = (int(os.environ[k]) for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE'))
         if cfg.gradient_accumulation_steps % world:
             raise UserError(f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} is not divisible by the "
@@ -76,6 +79,36 @@ def setup(cfg):
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.benchmark = False
     return Env(rank, local_rank, world, ddp, fsdp, device, dtype, autocast(device_type, dtype))
+
+
+def master_holds(env, acquire):
+    """What acquire() returns (the run's lock on out_dir) on rank 0, which writes for all; a context
+    that holds nothing on the others. Under torchrun every process learns whether rank 0 got it,
+    and all raise its UserError together if not."""
+    held, error = nullcontext(), None
+    if env.master:
+        try:
+            held = acquire()
+        except UserError as e:
+            error = str(e)
+    error = verdict(env, error)
+    if error:
+        raise UserError(error)
+    return held
+
+
+def verdict(env, message):
+    """Rank 0's message (the text of an error that is to end the run, or None), learnt by every
+    process under torchrun."""
+    if env.ddp:
+        box = [message]
+        dist.broadcast_object_list(box, src=0)
+        message = box[0]
+        if message:
+            # gloo's worker thread frees the broadcast's tensors under the GIL: a process group torn
+            # down before it has (the error that follows ends the run) can wait for it forever
+            dist.barrier()
+    return message
 
 
 def teardown(env):

@@ -35,14 +35,17 @@ def problems(saved, cfg):
             found.append(f"{k}={before!r} (saved) vs {now!r} (now)")
     if saved.model != cfg.model:
         found.append(f"model={saved.model!r} (saved) vs {cfg.model!r} (now)")
-    if not found and saved.residual != cfg.residual:
+    if not found and (saved.residual, saved.options) != (cfg.residual, cfg.options):
         old, new = parameter_shapes(saved), parameter_shapes(cfg)
         if old != new:
             differ = sorted({n for n, _ in set(old.items()) ^ set(new.items())})
-            found.append(f"residual {saved.residual!r} -> {cfg.residual!r}: the two rules build different "
-                         f"parameters ({', '.join(differ[:3])}{', ...' if len(differ) > 3 else ''}), "
-                         f"so the weights do not carry over; switch between rules that keep them, such as "
-                         f"'additive' and 'orthogonal'")
+            before, now = asdict(saved.options), asdict(cfg.options)
+            change = (f"residual {saved.residual!r} -> {cfg.residual!r}: the two rules" if saved.residual != cfg.residual
+                      else ', '.join(f"{k} {before[k]!r} -> {v!r}" for k, v in now.items() if before[k] != v)
+                      + f": the two settings of {cfg.residual!r}")
+            found.append(f"{change} build different parameters ({', '.join(differ[:3])}"
+                         f"{', ...' if len(differ) > 3 else ''}), so the weights do not carry over; switch between "
+                         f"rules that keep them, such as 'additive' and 'orthogonal'")
     if saved.optimizer != cfg.optimizer and not cfg.reset_optimizer:
         found.append(f"optimizer {saved.optimizer!r} -> {cfg.optimizer!r}: the saved state is the other one's; "
                      f"add --reset_optimizer=True to start the new optimizer (and the schedule) there")

@@ -7,20 +7,29 @@ import shutil
 import warnings
 
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from orthogpt.files import fsync_dir
+from orthogpt.files import fsync_dir, write_error
 
 
 def save(model, optimizer, out_dir, iter_num, master):
     """Every process's shards of the model and optimizer state, written together into
     out_dir/ckpt-<iter>.dcp; returns the folder's name. They go to a temporary folder first, which
     rank 0 renames once all are written (dcp.save's last step is collective): a reader finds a
-    whole folder or none."""
+    whole folder or none. A write that fails on any process (a full disk, say) raises a UserError
+    on all of them, the temporary folder removed."""
     name = f'ckpt-{iter_num:07d}.dcp'
     folder, tmp = os.path.join(out_dir, name), os.path.join(out_dir, name + '.tmp')
     model_state, optim_state = get_state_dict(model, list(optimizer))
-    dcp.save({'model': model_state, 'optimizer': optim_state}, checkpoint_id=tmp)
+    try:
+        dcp.save({'model': model_state, 'optimizer': optim_state}, checkpoint_id=tmp)
+    except CheckpointException as e:  # raised on every process, with each failed process's error
+        if master:
+            shutil.rmtree(tmp, ignore_errors=True)
+        error = next(iter(e.failures.values()))[0]
+        raise write_error(folder, error, "the checkpoints saved before are kept as they were, the partial folder "
+                                         "removed") from None
     if master:
         if os.path.exists(folder):  # saved at this iteration before (an evaluation cut short, then resumed)
             shutil.rmtree(folder)

@@ -2,7 +2,9 @@
 tests of the mathematics and of single functions; tests/e2e the ones that run train.py, torchrun,
 the tools or a compiler."""
 
+import errno
 import gzip
+import io
 import json
 import os
 import signal
@@ -226,6 +228,31 @@ def descendants(pid):
     return found
 
 
+def alive(pid):
+    """Whether process pid runs: a zombie (dead, not yet reaped) does not."""
+    try:
+        with open(f'/proc/{pid}/stat') as f:
+            return f.read().rsplit(')', 1)[1].split()[0] != 'Z'
+    except FileNotFoundError:
+        return False
+
+
+def wait_gone(pids, timeout):
+    """Seconds until none of pids runs; fails the test once timeout passes with one still running."""
+    start = time.monotonic()
+    while any(alive(p) for p in pids):
+        if time.monotonic() - start > timeout:
+            pytest.fail(f"processes {[p for p in pids if alive(p)]} still run {timeout} s on")
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+@pytest.fixture(scope='session')
+def processes():
+    """processes.descendants(pid); processes.wait_gone(pids, timeout) -> seconds."""
+    return SimpleNamespace(descendants=descendants, wait_gone=wait_gone)
+
+
 def launch(nproc, *args, timeout=240, env=None):
     """torchrun --standalone with nproc processes of train.py *args, in the repository's folder;
     returns the CompletedProcess. A run past timeout is aborted with every process's Python stack
@@ -263,6 +290,41 @@ def first_number(text):
 def tables():
     """tables.cells(text): table_cells; tables.number(cell): first_number."""
     return SimpleNamespace(cells=table_cells, number=first_number)
+
+
+class DiskFile(io.FileIO):
+    """A file on a disk with `room` bytes left: a write past them fails with OSError(error)."""
+
+    def __init__(self, path, mode, room, error):
+        super().__init__(path, mode)
+        self.room, self.error = room, error
+
+    def write(self, data):
+        if len(data) > self.room:
+            raise OSError(self.error, os.strerror(self.error))
+        self.room -= len(data)
+        return super().write(data)
+
+
+@pytest.fixture
+def broken_disk(monkeypatch):
+    """broken_disk(error, name, room=4096): from now on, the files that orthogpt writes (files.write_atomic:
+    checkpoints, config.json; logs: log.jsonl; lock: .lock) whose name starts with `name` fail as on a
+    broken disk, as root too: with EROFS (a read-only folder) at their open, with ENOSPC (full) or EIO
+    once `room` bytes of them are written."""
+    from orthogpt import files, lock, logs
+
+    def fail(error, name, room=4096):
+        def opener(path, mode='r', **kwargs):
+            if mode.startswith('r') or not os.path.basename(path).startswith(name):
+                return open(path, mode, **kwargs)
+            if error == errno.EROFS:
+                raise OSError(error, os.strerror(error), path)
+            raw = DiskFile(path, mode.strip('bt+'), room, error)
+            return raw if 'b' in mode else io.TextIOWrapper(io.BufferedWriter(raw))
+        for module in (files, lock, logs):
+            monkeypatch.setattr(module, 'open', opener, raising=False)
+    return fail
 
 
 class Terminal:
@@ -323,3 +385,13 @@ def torchrun():
     """torchrun(nproc, *train_py_args, timeout=240, env=None): a CompletedProcess; a hang fails
     with the stacks of the processes."""
     return launch
+
+
+@pytest.fixture
+def one_thread():
+    """torch on one thread: generate() runs many forwards of a few small operations each, and on a busy machine two
+    threads wait for each other far longer than such an operation computes."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -12,7 +12,9 @@ one config's runs. A run is finished when its log holds the evaluation at max_it
 runs are not rerun (one of another config stops the comparison, naming the keys that differ),
 interrupted ones resume from their checkpoint, failed ones start again.
 --nproc runs that many at once (CPU threads are split between them; with several GPUs each run
-gets one, in turn). Ctrl-C or SIGTERM stops the runs at their next step with a checkpoint.
+gets one, in turn). Ctrl-C or SIGTERM stops the runs at their next step with a checkpoint, and so
+does the end of compare.py by SIGKILL (on Linux). A second compare.py on the same --out is refused
+while the first runs, and each run's train.py holds its own folder.
 
 Seeds, tuning and reporting apart: --tune key=v1,v2 (several: every combination) runs each
 config x setting once per value on the tuning seed, 1337 (train.py's default), takes the value of
@@ -77,7 +79,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository: train.py
 sys.path.insert(0, ROOT)
 import configure  # noqa: E402
-from orthogpt import errors, logs, plots, resume  # noqa: E402
+from orthogpt import errors, lock, logs, plots, resume, signals  # noqa: E402
 from orthogpt.errors import UserError  # noqa: E402
 
 TUNING_SEED = 1337
@@ -300,7 +302,10 @@ def launch(todo, running, nproc, env, gpus):
             run_env = dict(env, CUDA_VISIBLE_DEVICES=str(slot % gpus)) if gpus > 1 else env
             slot += 1
             out = open(os.path.join(r['out_dir'], 'stdout.log'), 'a')
-            r['proc'], r['stdout'], r['t0'] = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=run_env), out, time.time()
+            # if compare.py dies (SIGKILL included), its runs get SIGTERM: they save and stop
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=run_env,
+                                    preexec_fn=signals.stop_with_parent)
+            r['proc'], r['stdout'], r['t0'] = proc, out, time.time()
             print(f"{r['name']}: {'resumed' if resume else 'started'}")
             running.append(r)
         time.sleep(0.2)
@@ -573,7 +578,12 @@ def parse_args(argv):
 @errors.entry
 def main(argv=None):
     args, extra = parse_args(argv)
-    os.makedirs(args.out, exist_ok=True)
+    with lock.hold(args.out):  # one comparison per folder; each run's train.py locks its own
+        return compare(args, extra, argv)
+
+
+def compare(args, extra, argv):
+    """main()'s comparison, its --out held: the runs, results.md and curves.png; the groups."""
     chosen, tuning = tune(args, extra) if args.tune else (cases(args), [])
     runs = plan(args, extra, chosen, SEEDS[:args.seeds], args.lengths or (None,))
     execute(runs, args.nproc)

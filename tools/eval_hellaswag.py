@@ -7,8 +7,10 @@
 Each example is a context and four endings. Every ending, with a space before it, follows the
 context in GPT-2's tokens, and the model's cross-entropy is summed over the ending's tokens:
 acc counts the examples whose least total loss is the labelled ending, acc_norm those whose least
-mean loss per token is (the "acc_norm" of llm.c and build-nanogpt; lm-eval-harness normalises by
-characters instead). A sequence longer than the model's block_size loses tokens from its start.
+mean loss per token is (the "acc_norm" of llm.c and build-nanogpt). lm-evaluation-harness on an
+exported model, with tools/lm_eval_tasks/hellaswag_local.yaml on the same file, gives the same acc;
+its acc_norm divides the total by the ending's characters instead (the space before it not counted),
+so the two acc_norm can pick different endings. A sequence longer than block_size loses its first tokens.
 The data: the validation split of Rowan/hellaswag through `datasets`, or --data, a jsonl file of
 the original release (hellaswag_val.jsonl: fields ctx, endings, label).
 """
@@ -23,8 +25,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
-from model import GPT, GPTConfig, maps_held  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
 from orthogpt import bpe, checkpoint, errors, hf, hub, progress  # noqa: E402
+from orthogpt.maps import maps_held  # noqa: E402
 from orthogpt.device import autocast, resolve_device, resolve_dtype  # noqa: E402
 from orthogpt.errors import UserError  # noqa: E402
 

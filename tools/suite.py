@@ -12,16 +12,19 @@ gathers them, each with its command and wall time, in the form the docs' GPU sec
                        no download.
   profile              a torch.profiler trace of the additive step (OUT/profile/additive.json) and
                        its top kernels with their share of the step (OUT/profile/additive.md)
+  wide                 tools/bench.py at the GPT-2 124M shape, one micro-step, compiled: the wide streams
+                       (HC, mHC with each H_res constraint, with and without hc_recompute) against
+                       additive, with the activations each saves for backward
   generate             tools/bench.py --sample: tokens/s with and without the KV cache, 16 x 256
-  shakespeare          tools/compare.py: the 16 x 256 Tiny Shakespeare runs of every residual rule
-                       (config/shakespeare_{add,ortho,rot,ngpt,hc,mhc}.py) x {standard, gated MLP
-                       (the same parameters)} x {AdamW, Muon}, the CPU recipe's grid at the paper's
+  shakespeare          tools/compare.py: the 16 x 256 Tiny Shakespeare runs of every residual rule and mHC
+                       constraint (config/shakespeare_{add,ortho,rot,ngpt,hc,mhc,mhc_identity,mhc_lite,jpmhc}.py)
+                       x {standard, gated MLP (the same parameters)} x {AdamW, Muon}, the CPU recipe's grid at the paper's
                        scale, to iteration 1000 on the full run's schedule (lr_decay_iters 5000),
                        six at a time on the one GPU; the paper's best val loss lies near iteration
                        750. Tiny Shakespeare must be prepared or at data/shakespeare_char/input.txt
                        (a lent GPU machine has no network).
-The stage limits add up to more than one command may run on a lent machine (10 minutes): run the
-shakespeare stage as a call of its own (--stages=shakespeare).
+The stage limits add up to more than one command may run on a lent machine (10 minutes): run the wide and
+shakespeare stages as calls of their own (--stages=wide, --stages=shakespeare).
 """
 
 import argparse
@@ -40,10 +43,12 @@ from orthogpt import errors, shards  # noqa: E402
 from orthogpt.errors import UserError  # noqa: E402
 
 GPT2 = ['config/gpt2_124m_add.py', '--gradient_accumulation_steps=8']
-RULES = ('add', 'ortho', 'rot', 'ngpt', 'hc', 'mhc')  # config/shakespeare_<rule>.py
+RULES = ('add', 'ortho', 'rot', 'ngpt', 'hc', 'mhc', 'mhc_identity', 'mhc_lite', 'jpmhc')  # config/shakespeare_<rule>.py
+WIDE = ('additive', 'hc', 'hc:hc_recompute=True', 'mhc', 'mhc:hc_recompute=True', 'mhc:mhc_res=identity',
+        'mhc:mhc_res=permutation', 'mhc:mhc_res=cayley')  # tools/bench.py variants
 TINY = ['config/owt_smoke.py', '--n_layer=1', '--n_head=2', '--n_embd=16', '--block_size=16', '--batch_size=2',
         '--gradient_accumulation_steps=1', '--device=cpu']
-LIMITS = {'step_ddp': 210, 'step_fsdp': 180, 'profile': 60, 'generate': 60, 'shakespeare': 540}  # seconds
+LIMITS = {'step_ddp': 210, 'step_fsdp': 180, 'profile': 60, 'wide': 590, 'generate': 60, 'shakespeare': 590}  # seconds
 
 
 def random_tokens(folder, n=1 << 20, seed=0):
@@ -70,6 +75,8 @@ def stages(out, smoke, shakespeare_data):
         'step_fsdp': [*torchrun, 'tools/bench.py', *shape, *data, *timing, '--parallel=fsdp'],
         'profile': [*py, 'tools/bench.py', *shape, *data, *timing, '--variants=additive',
                     f'--profile={os.path.join(out, "profile")}'],
+        'wide': [*py, 'tools/bench.py', *shape, *([] if smoke else ['--gradient_accumulation_steps=1']), *data, *timing,
+                 f"--variants={','.join(WIDE)}"],
         'generate': [*py, 'tools/bench.py', 'config/shakespeare_add.py', *small, *sh_data, '--sample', '--repeats=1',
                      f"--sample_tokens={8 if smoke else 500}"],
         'shakespeare': [*py, 'tools/compare.py', *(f'config/shakespeare_{v}.py' for v in RULES),

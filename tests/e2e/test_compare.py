@@ -1,5 +1,6 @@
 """compare.py end to end: two tiny configs x 2 seeds, resume without rerunning, the table against
-the runs' own logs, and a failing run reported in the table."""
+the runs' own logs, a failing run reported in the table, and one comparison per folder, whose runs
+stop with it."""
 
 import json
 import os
@@ -9,9 +10,12 @@ import statistics
 import subprocess
 import sys
 import time
+from contextlib import suppress
 
 import pytest
 
+from orthogpt import checkpoint
+from orthogpt import logs as logs_module
 from orthogpt.errors import UserError
 from tools import compare
 
@@ -187,6 +191,40 @@ def test_sigterm_stops_the_runs_with_their_checkpoints(compared, tmp_path):
     assert proc.returncode == 1 and 'the same command resumes the unfinished runs' in printed
     assert 'stopped by SIGTERM' in (out / 'shakespeare_add-s1' / 'stdout.log').read_text()
     assert (out / 'shakespeare_add-s1' / 'ckpt.pt').exists()
+
+
+def test_a_second_comparison_is_refused_and_a_killed_ones_runs_save_and_stop(compared, tmp_path, processes):
+    """compare.py started twice on one --out: the second is refused at once, naming the first. The
+    first SIGKILLed: its run gets SIGTERM (prctl's parent-death signal), saves and stops, and the
+    next compare.py resumes it."""
+    root, _, _ = compared
+    out = tmp_path / 'out'
+    args = [CONFIGS[0], '--seeds=1', f'--out={out}', *TINY, f'--data_dir={root / "data"}']
+    first = subprocess.Popen([sys.executable, os.path.join(ROOT, 'tools', 'compare.py'), *args, '--max_iters=100000'],
+                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env=dict(os.environ, OMP_NUM_THREADS='1'))
+    run = out / 'shakespeare_add-s1'
+    deadline = time.time() + 120
+    while not any('loss' in r for r in logs_module.read(str(run))) and time.time() < deadline:  # training
+        time.sleep(0.2)
+    runs = processes.descendants(first.pid)
+    try:
+        with pytest.raises(SystemExit, match=f"{out} is in use by another run: pid {first.pid} on .*tools/compare.py"):
+            compare.main(args)
+        first.kill()
+        processes.wait_gone(runs, 30)
+    except BaseException:  # what is left, if the test failed
+        for pid in [first.pid, *runs]:
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        raise
+    finally:
+        first.wait()
+    assert 'stopped by SIGTERM at iteration' in (run / 'stdout.log').read_text()
+    k = checkpoint.load(run / 'ckpt.pt')['iter_num']
+    groups = compare.main([*args, f'--max_iters={k + 10}'])
+    assert [r['seed'] for r in groups['shakespeare_add']['ok']] == [1]
+    assert logs_module.evaluations(logs_module.read(str(run)))[-1][0] == k + 10
 
 
 def test_config_errors_stop_before_any_run(tmp_path):

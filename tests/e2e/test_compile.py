@@ -4,7 +4,8 @@ steps and windows under dynamic shapes, and generate(compile=True) with the defa
 import pytest
 import torch
 
-from model import GPT, DecodeCache, maps_held
+from model import GPT, DecodeCache
+from orthogpt.maps import maps_held
 
 VARIANTS = [dict(residual='additive'), dict(residual='rotation'), dict(residual='ngpt'),
             dict(residual='orthogonal', ortho_mode='feature'),

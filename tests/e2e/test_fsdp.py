@@ -105,3 +105,19 @@ def test_sampling_and_the_users_errors(sharded, capsys, char_data):
 def test_fsdp_refuses_what_it_cannot_do(arg, expected, torchrun, tmp_path):
     done = torchrun(1, '--parallel=fsdp', arg, '--device=cpu', f'--out_dir={tmp_path}', timeout=120)
     assert done.returncode != 0 and expected in done.stdout + done.stderr
+
+
+def test_a_damaged_sharded_checkpoint_falls_back_to_the_newest_intact_one(sharded, logs):
+    """A file of the newest ckpt-<iter>.dcp folder lost (a disk that failed under it, say): resume
+    refuses the checkpoints that name it, says so, takes the one before, and trains on from it."""
+    base, run = sharded
+    shutil.copytree(base / 'full', base / 'damaged')
+    (base / 'damaged' / 'ckpt-0000008.dcp' / '__1_0.distcp').unlink()
+    out = run('damaged', 2, '--max_iters=12', '--init_from=resume')
+    for name in ('ckpt.pt', 'ckpt-0000008.pt'):
+        assert (f"warning: {base / 'damaged' / name} names {base / 'damaged' / 'ckpt-0000008.dcp'}, whose file "
+                f"__1_0.distcp is missing") in out
+    assert (f"resuming from {base / 'damaged' / 'ckpt-0000004.pt'} (iteration 4), the newest checkpoint that "
+            f"verifies") in out
+    assert [i for i, _ in logs.evals(base / 'damaged')] == [0, 4, 8, 12]
+    assert checkpoint.load(base / 'damaged' / 'ckpt.pt')['iter_num'] == 12

@@ -25,7 +25,7 @@ FINETUNE = ['--device=cpu', '--compile=False', '--batch_size=8', '--eval_iters=4
             '--warmup_iters=5', '--learning_rate=3e-3', '--eval_interval=10']
 
 
-def test_a_gpt2_shaped_run_exports_to_transformers_and_other_variants_to_orthogpt(run, tmp_path, capsys):
+def test_a_gpt2_shaped_run_exports_to_transformers_and_other_variants_to_orthogpt(run, tmp_path, capsys, one_thread):
     out = run('--max_iters=5', '--eval_interval=5', '--bias=True', '--norm=layernorm', '--activation=gelu_tanh',
               '--tie_weights=True', '--init=gpt2', out='gpt2ish')
     export.main([f'--out_dir={out}', f'--to={tmp_path / "hf"}'])
@@ -35,11 +35,23 @@ def test_a_gpt2_shaped_run_exports_to_transformers_and_other_variants_to_orthogp
     idx = torch.randint(model.config.vocab_size, (2, 32))
     torch.testing.assert_close(logits_of(ref, idx), logits_of(model, idx), rtol=0, atol=1e-5)
     out = run('--max_iters=5', '--eval_interval=5', config='shakespeare_rot.py', out='rot')
-    export.main([f'--out_dir={out}', f'--to={tmp_path / "rot"}'])
+    export.main([f'--out_dir={out}', f'--to={tmp_path / "rot-hf"}'])
     assert "OrthoGPT's layout (residual='rotation'" in capsys.readouterr().out
-    assert json.loads((tmp_path / 'rot' / 'config.json').read_text())['model_type'] == 'orthogpt'
-    with pytest.raises(SystemExit, match='already holds an exported model'):
-        export.main([f'--out_dir={out}', f'--to={tmp_path / "rot"}'])
+    assert json.loads((tmp_path / 'rot-hf' / 'config.json').read_text())['model_type'] == 'orthogpt'
+    model, ckpt, _ = checkpoint.load_language_model(out)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / 'rot-hf', trust_remote_code=True)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / 'rot-hf', trust_remote_code=True)
+    idx = torch.tensor([tokenizer.encode('ROMEO:\nTo be or not the king.')])
+    assert idx[0].tolist() == [ckpt['meta']['stoi'][c] for c in 'ROMEO:\nTo be or not the king.']
+    torch.testing.assert_close(logits_of(theirs, idx), logits_of(model, idx), rtol=0, atol=1e-5)
+    greedy = model.generate(idx[:, :8], 8, top_k=1)
+    assert torch.equal(theirs.generate(idx[:, :8], max_new_tokens=8, do_sample=False), greedy)
+    with pytest.raises(SystemExit, match=f"{tmp_path / 'rot-hf'} already holds config.json, model.safetensors"):
+        export.main([f'--out_dir={out}', f'--to={tmp_path / "rot-hf"}'])
+    run_config = (out / 'config.json').read_bytes()
+    with pytest.raises(SystemExit, match=f"{out} already holds config.json: an export writes over nothing"):
+        export.main([f'--out_dir={out}', f'--to={out}'])  # the run's own folder, whose config.json is the run's
+    assert (out / 'config.json').read_bytes() == run_config and not (out / 'model.safetensors').exists()
 
 
 def test_finetuning_gpt2_weights_with_orthogonal_updates_trains_and_resumes(tmp_path, char_data, logs, capsys, gpt2_folder):
@@ -143,20 +155,24 @@ def test_the_gpt2_tiny_cpu_path_from_text_to_transformers_and_hellaswag(root, tm
     theirs = transformers.GPT2LMHeadModel.from_pretrained(folder).eval()
     idx = torch.tensor([tokenizer.encode(text)[:16]])
     torch.testing.assert_close(logits_of(theirs, idx), logits_of(ours, idx), rtol=0, atol=1e-5)
-    assert 'GPT2LMHeadModel.from_pretrained' in (folder / 'README.md').read_text()
+    assert f"AutoModelForCausalLM.from_pretrained({str(folder)!r})" in (folder / 'README.md').read_text()
     rows = [{'ctx': 'A man kicks the ball and', 'label': 0, 'endings': ['it rolls.', 'he sings.', 'it rains.', 'no.']}]
     (tmp_path / 'val.jsonl').write_text(json.dumps(rows[0]) + '\n')
     acc, acc_norm = eval_hellaswag.main([f'--init_from={folder}', f'--data={tmp_path / "val.jsonl"}', '--device=cpu'])
     assert acc in (0.0, 1.0) and acc_norm in (0.0, 1.0)
 
 
-def test_an_orthogpt_export_says_how_to_load_it_and_hellaswag_refuses_its_own_vocabulary(run, tmp_path, gpt2_folder):
+def test_an_orthogpt_export_has_a_model_card_and_hellaswag_refuses_its_own_vocabulary(run, tmp_path, gpt2_folder):
     out = run('--max_iters=5', '--eval_interval=5', config='shakespeare_rot.py', out='rot')
-    export.main([f'--out_dir={out}', f'--to={tmp_path / "rot"}'])
-    readme = (tmp_path / 'rot' / 'README.md').read_text()
-    assert "hf.from_pretrained('.')" in readme and "no model type 'orthogpt'" in readme
-    assert 'vocab.json' not in os.listdir(tmp_path / 'rot')  # characters: no GPT-2 tokenizer to write
-    for source in ([f'--out_dir={out}'], [f'--init_from={tmp_path / "rot"}']):
+    export.main([f'--out_dir={out}', f'--to={tmp_path / "rot-hf"}'])
+    readme, ckpt = (tmp_path / 'rot-hf' / 'README.md').read_text(), checkpoint.load(out / 'best.pt')
+    assert "residual='rotation'" in readme and f"[OT] {hf.references()['OT']}" in readme  # the rule, its paper
+    assert f"best val loss: {ckpt['best_val_loss']:.4f}" in readme
+    assert json.dumps(ckpt['config'], indent=1) in readme  # the run's config
+    assert "from_pretrained(" in readme and 'trust_remote_code=True' in readme and 'lm_eval --model hf' in readme
+    assert {'tokenizer.json', 'tokenizer_config.json'} <= set(os.listdir(tmp_path / 'rot-hf'))  # the run's characters
+    assert 'vocab.json' not in os.listdir(tmp_path / 'rot-hf')  # no GPT-2 tokenizer
+    for source in ([f'--out_dir={out}'], [f'--init_from={tmp_path / "rot-hf"}']):
         with pytest.raises(SystemExit, match="holds a model of a 39-token vocabulary of its own; HellaSwag is scored in "
                                              "GPT-2's tokens"):
             eval_hellaswag.main([*source, '--data=unused.jsonl', '--device=cpu'])

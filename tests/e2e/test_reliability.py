@@ -1,12 +1,17 @@
 """Stopping and resuming safely: exact resume after a real signal, checkpoint verification and
-fallback, non-finite steps, switching the residual rule, and bad input. Where a test needs a model
-that fails on cue, it registers a residual rule of its own, as a user would."""
+fallback, non-finite steps, switching the residual rule, and bad input; and the faults of
+docs/reliability.md injected into whole runs: a second writer, a killed torchrun launcher, a
+full disk, a damaged log. Where a test needs a model that fails on cue, it registers a residual
+rule of its own, as a user would."""
 
+import errno
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+from contextlib import suppress
 
 import numpy as np
 import pytest
@@ -231,3 +236,132 @@ def test_torchrun_processes_agree_on_an_interruption(root, tiny, tmp_path, char_
     done = torchrun(2, *args, f'--max_iters={k + 10}', '--init_from=resume', env=env, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f'done: {k + 10} iterations' in done.stdout
+
+
+def started(cmd, root, until):
+    """cmd in a process (and session) of its own, printing unbuffered, once it has printed a line
+    that starts with `until`; (the process, the lines it printed)."""
+    proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=dict(os.environ, PYTHONUNBUFFERED='1', OMP_NUM_THREADS='1'),  # as torchrun's workers
+                            start_new_session=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith(until):
+            return proc, lines
+    pytest.fail(f"{cmd} ended before printing {until!r}:\n{''.join(lines[-30:])}")
+
+
+def test_a_second_writer_is_refused_and_starts_at_once_after_the_first_is_killed(run, root, tiny, char_data, tmp_path,
+                                                                                capsys):
+    """A run holds its out_dir: a second train.py on it (a resume, as a user who forgot the first
+    would type) is refused at once, naming the first; after a SIGKILL of the first, which leaves
+    no stale lock, the same command resumes from the first one's checkpoint."""
+    out = tmp_path / 'out'
+    first, _ = started([sys.executable, 'train.py', 'config/shakespeare_add.py', *tiny, f'--data_dir={char_data}',
+                        f'--out_dir={out}', '--max_iters=100000', '--eval_interval=10'], root, 'iter 15:')
+    try:
+        with pytest.raises(SystemExit) as refused:
+            run('--max_iters=30', '--eval_interval=10', '--init_from=resume')
+        assert str(refused.value).startswith(f"error: {out} is in use by another run: pid {first.pid} on "
+                                             f"{socket.gethostname()}, started 2")
+        assert 'train.py config/shakespeare_add.py' in str(refused.value) and f'kill {first.pid}' in str(refused.value)
+        sample.main([f'--out_dir={out}', '--num_samples=1', '--max_new_tokens=5'])  # a reader takes no lock
+    finally:
+        first.kill()
+        first.wait()
+    k = checkpoint.load(out / 'ckpt.pt')['iter_num']
+    capsys.readouterr()
+    run(f'--max_iters={k + 10}', '--eval_interval=10', '--init_from=resume')
+    printed = capsys.readouterr().out
+    assert f'(iteration {k})' in printed and f'done: {k + 10} iterations' in printed
+
+
+LAUNCHER_BOUND = 30  # seconds for a killed launcher's workers to save and leave; a few on an idle machine
+
+
+def test_workers_leave_with_their_killed_launcher_and_the_run_resumes(run, root, tiny, char_data, tmp_path, capsys,
+                                                                      processes, torchrun):
+    """torchrun's 2 workers run in sessions of their own. While they train, a second torchrun on
+    their out_dir is refused (by its rank 0, all its processes stopping together). Then the launcher
+    is SIGKILLed: its workers get SIGTERM (prctl's parent-death signal), stop at the next log line
+    with a checkpoint, and are gone within LAUNCHER_BOUND seconds; the run resumes at once."""
+    out = tmp_path / 'ddp'
+    args = ['config/shakespeare_add.py', *tiny, f'--data_dir={char_data}', f'--out_dir={out}',
+            '--gradient_accumulation_steps=2', '--eval_interval=100000']
+    launcher, lines = started([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
+                               'train.py', *args, '--max_iters=100000'], root, 'iter 20:')
+    workers = processes.descendants(launcher.pid)
+    try:
+        assert len(workers) == 2, workers
+        second = torchrun(2, *args, '--max_iters=100000', '--init_from=resume', timeout=120)
+        refusal = f'{out} is in use by another run: pid '
+        assert second.returncode != 0 and refusal in second.stderr, second.stdout[-2000:] + second.stderr[-4000:]
+        assert int(second.stderr.split(refusal)[1].split()[0]) in workers  # rank 0 holds it
+        launcher.kill()
+        took = processes.wait_gone(workers, LAUNCHER_BOUND)
+    except BaseException:  # what is left of the first run, if the test failed
+        for pid in [launcher.pid, *workers]:
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        raise
+    finally:
+        launcher.wait()
+    lines += launcher.stdout.readlines()  # the workers, gone, have closed it
+    stopped = [line for line in lines if line.startswith('stopped by SIGTERM at iteration')]
+    assert len(stopped) == 1, ''.join(lines[-20:])
+    k = int(stopped[0].split('iteration ')[1].split(';')[0])
+    assert checkpoint.load(out / 'ckpt.pt')['iter_num'] == k and k % 5 == 0, took
+    capsys.readouterr()
+    run(f'--max_iters={k + 10}', '--gradient_accumulation_steps=2', '--eval_interval=100000', '--init_from=resume',
+        out='ddp')
+    printed = capsys.readouterr().out
+    assert f'(iteration {k})' in printed and f'done: {k + 10} iterations' in printed
+    print(f"workers gone {took:.1f} s after the launcher's SIGKILL")
+
+
+@pytest.mark.parametrize('error', [errno.ENOSPC, errno.EIO, errno.EROFS], ids=errno.errorcode.get)
+def test_a_checkpoint_write_that_fails_stops_the_run_and_keeps_the_last_one(run, logs, broken_disk, monkeypatch,
+                                                                           error):
+    """The disk fills (or fails, or turns read-only) under the checkpoint at iteration 20: the run
+    stops there with a message that says so, ckpt.pt still holds iteration 10 and loads, no partial
+    file is left, and once the disk is mended the run resumes from 10."""
+    out = run('--max_iters=10', '--eval_interval=10')
+    broken_disk(error, 'ckpt.pt')
+    with pytest.raises(SystemExit) as stop:
+        run('--max_iters=30', '--eval_interval=10', '--init_from=resume')
+    assert str(stop.value).startswith(f"error: could not write {out / 'ckpt.pt'}: {os.strerror(error)} "
+                                      f"(errno {error}), ")
+    assert 'free there; the previous ckpt.pt is kept as it was, the partial file removed' in str(stop.value)
+    assert checkpoint.load(out / 'ckpt.pt')['iter_num'] == 10
+    assert not [f for f in os.listdir(out) if '.tmp' in f] and not (out / 'ckpt-0000020.pt').exists()
+    monkeypatch.undo()  # the disk mended
+    run('--max_iters=30', '--eval_interval=10', '--init_from=resume')
+    assert [i for i, _ in logs.evals(out)] == [0, 10, 20, 30]
+
+
+def test_a_log_line_cut_in_half_does_not_stop_a_resume(run, logs, tmp_path, capsys):
+    """Lines of log.jsonl and dynamics.jsonl cut in half: one glued to the next (a writer killed
+    mid-line, then a second writer's line), and the last one (a run killed after its checkpoint).
+    The resume drops them with a warning naming the file and the line, and goes on; so do the
+    readers (tools/plot_curves.py)."""
+    from tools import plot_curves
+    args = ['--eval_interval=10', '--dynamics=True', '--dynamics_interval=5']
+    out = run('--max_iters=20', *args)
+    for name in ('log', 'dynamics'):
+        lines = (out / f'{name}.jsonl').read_text().splitlines(keepends=True)
+        assert 'val_loss' not in lines[2] + lines[3]
+        lines[2:4] = [lines[2][:len(lines[2]) // 2] + lines[3]]
+        lines.append('{"iter": 25, "loss": 2.')
+        (out / f'{name}.jsonl').write_text(''.join(lines))
+    capsys.readouterr()
+    run('--max_iters=30', '--init_from=resume', *args)
+    printed = capsys.readouterr().out
+    for name, last in (('log', 8), ('dynamics', 4)):
+        for line in (3, last):
+            assert f"warning: {out / name}.jsonl line {line} is not a whole record, dropped" in printed, printed
+    assert 'done: 30 iterations' in printed
+    assert [i for i, _ in logs.evals(out)] == [0, 10, 20, 30]
+    assert [r['iter'] for r in logs.records(out / 'dynamics.jsonl')] == [5, 10, 25, 30]
+    plot_curves.main([str(out), f'--out={tmp_path / "curves.png"}'])
+    assert (tmp_path / 'curves.png').stat().st_size > 0

@@ -48,6 +48,17 @@ def test_a_save_is_atomic_and_leaves_no_temporary_file(tmp_path, monkeypatch):
         f.write(b'half a checkpoint')
         raise OSError('disk full')
     monkeypatch.setattr(torch, 'save', broken)
-    with pytest.raises(OSError, match='disk full'):
+    with pytest.raises(UserError, match='could not write .*ckpt.pt: disk full'):
         checkpoint.save({'iter_num': 2, 'sharded': None, 'config': '{}', 'meta': None}, tmp_path / 'ckpt.pt')
     assert (tmp_path / 'ckpt.pt').read_bytes() == before and os.listdir(tmp_path) == ['ckpt.pt']
+
+
+def test_resume_refuses_an_option_that_changes_the_parameters_and_keeps_one_that_does_not():
+    """An mHC run resumed with another H_res constraint builds other coefficients: refused, naming the option; with
+    recomputation switched on it builds the same ones, and continues."""
+    import configure
+    from orthogpt import resume
+    saved = configure.load(['--residual=mhc'])
+    (why,) = resume.problems(saved, configure.load(['--residual=mhc', '--mhc_res=permutation']))
+    assert why.startswith("mhc_res 'sinkhorn' -> 'permutation': the two settings of 'mhc' build different parameters")
+    assert resume.problems(saved, configure.load(['--residual=mhc', '--hc_recompute=True'])) == []

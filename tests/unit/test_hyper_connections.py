@@ -4,16 +4,18 @@ model starts as, the read and the write of each layer, mHC's doubly stochastic m
 layer against the `hyper-connections` package where it is installed."""
 
 import math
+import typing
 from contextlib import nullcontext
 
 import pytest
 import torch
 
 import configure
-from model import MIXINGS, GPT, HyperConnection, ManifoldHyperConnection, copied, sinkhorn
+from model import GPT, HyperConnection, ManifoldHyperConnection, copied, sinkhorn
 from orthogpt import optim
 
 N, D = 4, 16
+MIXINGS = typing.get_args(ManifoldHyperConnection.Options.__dataclass_fields__['mhc_res'].type)  # mhc_res
 
 
 def randomised(rule):
@@ -276,7 +278,7 @@ def test_each_h_res_constraint_holds_in_float64(res):
         _, _, M = rule.coefficients(torch.randn(3, 7, N, D, dtype=torch.float64))
     assert M.shape == (3, 7, N, N) and M.std(dim=(0, 1)).max() > 1e-2
     assert constraint_holds(res, M)
-    identity = ManifoldHyperConnection(D, N, 1, True, 20, 'identity').double()
+    identity = ManifoldHyperConnection(D, N, 1, True, 20, 'identity').double()  # and the identity mixes nothing
     H = torch.randn(3, 7, N, D, dtype=torch.float64)
     assert identity.coefficients(H)[2] is None and torch.equal(identity.mix(H)[1], H)
 

@@ -101,3 +101,10 @@ def test_train_py_is_a_script_of_short_functions():
     assert not [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
     lengths = {n.name: n.end_lineno - n.lineno + 1 for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
     assert max(lengths.values()) <= 100, lengths
+
+
+def test_model_py_stays_short():
+    """The model file holds the model alone (GPT-2 checkpoints are read in orthogpt/hf.py, the batched Q/K/V maps
+    held in orthogpt/maps.py, each rule's departures from its paper told in docs/rules.md), and stays short."""
+    with open(os.path.join(ROOT, 'model.py')) as f:
+        assert len(f.read().splitlines()) <= 860

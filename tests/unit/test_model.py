@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from model import GPT, AdditiveUpdate, DecodeCache, OrthogonalQKV, OrthogonalUpdate, RotationUpdate, maps_held
+from model import GPT, AdditiveUpdate, DecodeCache, OrthogonalQKV, OrthogonalUpdate, RotationUpdate
+from orthogpt.maps import maps_held
 
 
 def train_steps(model, steps=20, lr=1e-2, weight_decay=0.1):
@@ -261,7 +262,7 @@ def test_generation_maps_orthogonal_weights_once(monkeypatch, gpt_config):
     inv_ex = torch.linalg.inv_ex
     monkeypatch.setattr(torch.linalg, 'inv_ex', lambda *a, **k: calls.append(a[0].shape) or inv_ex(*a, **k))
     model.generate(torch.zeros(1, 2, dtype=torch.long), 30)
-    assert calls == [(3 * model.config.n_layer, 16, 16)]  # every layer's maps in one batched call, before the first token
+    assert calls == [(3, 16, 16)] * model.config.n_layer  # each layer's maps once, not once per token
 
 
 def test_the_gated_mlp_matches_the_standard_ones_parameters_unless_asked_for_4d(gpt_config):
