@@ -1,6 +1,4 @@
-"""OrthoGPT model: transformer blocks whose residual update is pluggable. Read top to bottom: 1. the residual
-updates (RESIDUALS), 2. the orthogonal Q/K/V maps of O-ViT (QKV_MAPS), 3. the configs, 4. the Block, 5. the trunk,
-GPT and ViT, and cached decoding.
+"""OrthoGPT model: transformer blocks whose residual update is pluggable, and the GPT and the ViT built of them.
 
 The papers, cited in docstrings by their short names (docs/rules.md: where each rule departs from its paper):
   [Oh]    G. Oh, W. Cho, S. Kim, S. Choi, Y. Yu. "Revisiting Residual Connections: Orthogonal Updates for Stable and
@@ -45,12 +43,6 @@ def wide(t):
     return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
-def exact(t):
-    """A context without autocast on t's device: matrix products in the working precision (wide) under mixed
-    precision too, where autocast would round them to bfloat16 or float16."""
-    return torch.autocast(t.device.type, enabled=False)
-
-
 def dot(a, b):
     """<a, b> over the last dimension, kept as a dimension of size 1: (..., d) -> (..., 1)."""
     return (a * b).sum(-1, keepdim=True)
@@ -63,34 +55,29 @@ class ResidualUpdate(nn.Module):
         x_next = rule(x, F(norm(h)), state)   # forward(x, u, state): the branch output u written in
 
     By default the stream x is the (..., d) tensor the branches see, prepare hands it on, and state is the decoding
-    cache (or None), read by a rule that mixes positions: a one-stream rule writes forward(x, u, cache=None) alone.
-    A rule declares its config keys (Options: type, default, comment), check(cfg) (a ValueError for options that do
-    not fit), keeps_norm (it keeps ||x||: no norms, [OT]), normalized (nGPT's architecture), from_config(cfg, layer,
-    causal) (the rule of sublayer `layer`: 0, 1 are block 0's attention and MLP, ...), after_step(model) (after every
-    optimizer step), copies(cfg): n for a stream of n copies (..., n, d) ([HC]: the embeddings copied in, their mean
-    out to the final norm), whose prepare computes once what forward needs to write u back in; 0 for one stream.
-    """
-    keeps_norm = False
-    normalized = False
+    cache (or None), read by a rule that mixes positions: a one-stream rule writes forward(x, u, cache=None) alone."""
+    keeps_norm = False  # it keeps ||x||, so the model has no norms ([OT])
+    normalized = False  # nGPT's architecture
+    no_decay = ()  # names of its parameters that weight decay leaves alone (its vectors never decay)
 
     @dataclass
     class Options:
+        """The rule's config keys: a field each, with its type, default and a comment (what --help says of it)."""
+
+    @classmethod
+    def check(cls, cfg):  # a ValueError for options that do not fit
         pass
 
     @classmethod
-    def check(cls, cfg):
-        pass
-
-    @classmethod
-    def from_config(cls, cfg, layer, causal):
+    def from_config(cls, cfg, layer, causal):  # the rule of sublayer `layer`: 0, 1 are block 0's attention and MLP...
         return cls()
 
     @classmethod
-    def after_step(cls, model):
+    def after_step(cls, model):  # after every optimizer step
         pass
 
     @classmethod
-    def copies(cls, cfg):
+    def copies(cls, cfg):  # n for a stream of n copies (..., n, d) ([HC]), 0 for one stream
         return 0
 
     def prepare(self, x, cache=None):
@@ -103,8 +90,8 @@ def copied(x, n):
 
 
 def combine(w, H):
-    """w^T H, (..., m, d): m weighted sums of the copies H (..., n, d), weights w (..., n, m); by broadcasting, which
-    torch.compile fuses into one pass (a batched matmul of tiny matrices stays a call per matrix)."""
+    """w^T H, (..., m, d): m weighted sums of the copies H (..., n, d), weights w (..., n, m); as broadcasts, which
+    torch.compile fuses into one pass (docs/rules.md)."""
     out = w[..., 0, :, None] * H[..., 0:1, :]
     for i in range(1, H.shape[-2]):
         out = out + w[..., i, :, None] * H[..., i:i + 1, :]
@@ -123,11 +110,9 @@ class AdditiveUpdate(ResidualUpdate):
 class OrthogonalUpdate(ResidualUpdate):
     """x_next = x + u - s x,  s = <x, u> / (||x||^2 + eps)    [Oh] Sec. 3.2, Eq. 3-4, in float32 (App. F).
 
-    mode 'feature' (Alg. 1): one s per token; 'global' (Alg. 2): one per sample, over tokens and features, with
-    prefix sums over positions <= t in a causal model (so no position sees a later one; the cache holds the earlier
-    positions' terms). prob (Sec. 4.4): each sample's connection is orthogonal with probability prob in training,
-    else additive (like drop-path); in eval x + u - prob s x. ortho_layers (Sec. 4.5): the other blocks are additive.
-    """
+    mode 'feature' (Alg. 1): one s per token; 'global' (Alg. 2): one per sample, with prefix sums over positions <= t
+    in a causal model (the cache holds the earlier terms). ortho_prob (Sec. 4.4): each sample's connection orthogonal
+    with that probability in training, else additive (like drop-path); in eval x + u - prob s x."""
 
     @dataclass
     class Options:
@@ -188,9 +173,7 @@ class RotationUpdate(ResidualUpdate):
         x_next = x cos(theta) + u_perp sin(theta) / theta                    ([OT] Eq. 8)
 
     exp(B) x for the bivector of x and u (Eq. 4-7): ||x_next|| = ||x||, so every block input stays on the sphere of
-    radius sqrt(d) with no norms. In float32; below theta = 1e-2, cos and sin/theta are their Taylor series (by
-    torch.where), where the paper swaps in x + u_perp: the norm stays exact and the gradient finite at u_perp = 0.
-    """
+    radius sqrt(d) with no norms. In float32; below theta = 1e-2, cos and sin/theta are their Taylor series."""
     keeps_norm = True
     small_angle = 1e-2
 
@@ -250,9 +233,7 @@ class HyperConnection(ResidualUpdate):
 
     with B, A_m (n) and A_r (n x n) static (SHC) or, by default, dynamic (DHC, Eq. 10-13): B = s_beta tanh(H_bar
     W_beta) + B_s, [A_m A_r] = s_alpha tanh(H_bar W_alpha) + [A_m A_r]_s, H_bar = LayerNorm(H) (Alg. 2), s from 0.01.
-    Init (Eq. 14): B = 1, A_m the one-hot of copy (layer mod n), A_r = I, W = 0: every copy is the pre-norm stream.
-    Float32; weight decay on W only (Sec. 4); hc_recompute: [mHC] Sec. 4.3. Our choices: docs/rules.md.
-    """
+    Init (Eq. 14): B = 1, A_m the one-hot of copy layer mod n, A_r = I, W = 0. Float32; hc_recompute: [mHC] Sec. 4.3."""
 
     @dataclass
     class Options:
@@ -260,18 +241,17 @@ class HyperConnection(ResidualUpdate):
         hc_dynamic: bool = True  # [HC] Sec. 2.2: weights predicted from the stream (DHC); False: static (SHC)
         hc_recompute: bool = False  # [mHC] Sec. 4.3: backward computes the weights and mixing again (less memory)
 
+    no_decay = ('static_beta', 'static_alpha')
+
     @classmethod
     def check(cls, cfg):
-        if cfg.options.hc_rate < 1:
-            raise ValueError(f"hc_rate={cfg.options.hc_rate} must be at least 1")
+        at_least_one(cfg.options, 'hc_rate')
 
     def __init__(self, d, n, layer, dynamic, recompute=False):
         super().__init__()
         self.static_beta = nn.Parameter(torch.ones(n))  # B
         self.static_alpha = nn.Parameter(torch.cat([F.one_hot(torch.tensor(layer % n), n).float()[:, None],
                                                     torch.eye(n)], dim=1))  # [A_m | A_r], (n, n + 1)
-        for p in (self.static_beta, self.static_alpha):
-            p.decay = False
         self.dynamic, self.recompute = dynamic, recompute
         if dynamic:
             self.norm = nn.LayerNorm(d)
@@ -280,8 +260,7 @@ class HyperConnection(ResidualUpdate):
 
     @classmethod
     def from_config(cls, cfg, layer, causal):
-        o = cfg.options
-        return cls(cfg.n_embd, o.hc_rate, layer, o.hc_dynamic, o.hc_recompute)
+        return cls(cfg.n_embd, cfg.options.hc_rate, layer, cfg.options.hc_dynamic, cfg.options.hc_recompute)
 
     @classmethod
     def copies(cls, cfg):
@@ -299,11 +278,9 @@ class HyperConnection(ResidualUpdate):
 
     def prepare(self, x, cache=None):
         H = wide(x)
-        with exact(H):
-            if self.recompute and torch.is_grad_enabled():
-                h, mixed, post = checkpoint(self.mix, H, use_reentrant=False)
-            else:
-                h, mixed, post = self.mix(H)
+        with torch.autocast(H.device.type, enabled=False):  # products in float32, not rounded by mixed precision
+            recompute = self.recompute and torch.is_grad_enabled()
+            h, mixed, post = checkpoint(self.mix, H, use_reentrant=False) if recompute else self.mix(H)
         return h.to(x.dtype, copy=True), (mixed, post)  # a copy: a view would keep all n + 1 rows for backward
 
     def forward(self, x, u, state):
@@ -327,29 +304,24 @@ class ManifoldHyperConnection(HyperConnection):
     per token from x' = RMSNorm(vec(H)) (Eq. 7-8; the RMSNorm's weight in phi, Sec. 4.3.1; gates a from 0.01):
 
         H_pre = sigmoid(a_pre x' phi_pre + b_pre),   H_post = 2 sigmoid(a_post x' phi_post + b_post),
-        H_res = M(H~_res),  H~_res = a_res mat(x' phi_res) + b_res,  M the constraint mhc_res:
-          sinkhorn     Sinkhorn-Knopp, mhc_sinkhorn_iters rounds ([mHC] Eq. 9): doubly stochastic
-          permutation  sum_k a_k P_k, a = softmax(H~_res) over the n! permutation matrices ([mHC-lite]): doubly
-                       stochastic exactly, with no iterations
-          cayley       (I + A)^-1 (I - A), A = W - W^T, W = H~_res ([JPmHC] Sec. 3.1; [OViT]'s map): orthogonal
-          identity     I, no H~_res: the copies are never mixed (the ablation of [HC] and [mHC])
-    Static (hc_dynamic=False): the biases alone. In float32 (Eq. 10-19). Init: phi = 0, b_post = 0, b_res such that
-    H_res is near I (I exactly for cayley), H_pre = softmax(e_k), e_k the one-hot of copy k = layer mod n: it sums to
-    1, so the model at init is the pre-norm one, and favours copy k, so the copies part by design (docs/rules.md).
-    """
+        H_res = M(H~_res),  H~_res = a_res mat(x' phi_res) + b_res,  M by mhc_res: 'sinkhorn' (Eq. 9), 'permutation'
+        (sum_k a_k P_k, a = softmax(H~_res) over the n! permutation matrices, [mHC-lite]), 'cayley' ([JPmHC] Sec. 3.1:
+        [OViT]'s (I + A)^-1 (I - A), A = W - W^T, W = H~_res) or 'identity' (I: the copies never mix, the ablation of
+        [HC] and [mHC]). Static (hc_dynamic=False): the biases alone. Float32 (Eq. 10-19). Init: docs/rules.md."""
 
     @dataclass
     class Options(HyperConnection.Options):
         mhc_res: Literal['sinkhorn', 'identity', 'permutation', 'cayley'] = 'sinkhorn'  # H_res's constraint M
         mhc_sinkhorn_iters: int = 20  # [mHC] Eq. 9: Sinkhorn-Knopp rounds (t_max)
 
+    no_decay = ('b_pre', 'b_post', 'b_res')
+
     @classmethod
     def check(cls, cfg):
         o = cfg.options
         if o.hc_rate < 2:
             raise ValueError(f"hc_rate={o.hc_rate}: mHC mixes at least 2 copies of the stream")
-        if o.mhc_sinkhorn_iters < 1:
-            raise ValueError(f"mhc_sinkhorn_iters={o.mhc_sinkhorn_iters} must be at least 1")
+        at_least_one(o, 'mhc_sinkhorn_iters')
         if o.mhc_res == 'permutation' and o.hc_rate > 6:
             raise ValueError(f"mhc_res='permutation' mixes all {math.factorial(o.hc_rate)} permutations of "
                              f"hc_rate={o.hc_rate} copies; use hc_rate <= 6, or mhc_res='sinkhorn'")
@@ -364,8 +336,6 @@ class ManifoldHyperConnection(HyperConnection):
         self.b_pre = nn.Parameter(torch.logit(torch.softmax(F.one_hot(torch.tensor(layer % n), n).double(), 0)).float())
         self.b_post = nn.Parameter(torch.zeros(n))
         self.b_res = None if initial is None else nn.Parameter(initial)
-        for p in (p for p in (self.b_pre, self.b_post, self.b_res) if p is not None):
-            p.decay = False
         if dynamic:
             self.phi = nn.Parameter(torch.zeros(n * d, 2 * n + (0 if initial is None else initial.numel())))
             self.a_pre, self.a_post = nn.Parameter(torch.full((1,), 0.01)), nn.Parameter(torch.full((1,), 0.01))
@@ -385,15 +355,10 @@ class ManifoldHyperConnection(HyperConnection):
             pre, post = self.a_pre * z[..., :n] + pre, self.a_post * z[..., n:2 * n] + post
             if res is not None:
                 res = self.a_res * z[..., 2 * n:].unflatten(-1, res.shape) + res
-        return torch.sigmoid(pre), 2 * torch.sigmoid(post), None if res is None else self.constrained(res)
-
-    def constrained(self, z):
-        """H_res (..., n, n) from H~_res (..., n, n), or (..., n!) for the permutations."""
-        if self.res == 'sinkhorn':
-            return sinkhorn(z, self.iters)
-        if self.res == 'permutation':
-            return torch.einsum('...k,kij->...ij', torch.softmax(z, -1), self.perms.to(z.dtype))
-        return cayley(z)
+        if res is not None:  # H~_res (..., n, n), or (..., n!) for the permutations
+            res = (sinkhorn(res, self.iters) if self.res == 'sinkhorn' else cayley(res) if self.res == 'cayley' else
+                   torch.einsum('...k,kij->...ij', torch.softmax(res, -1), self.perms.to(res.dtype)))
+        return torch.sigmoid(pre), 2 * torch.sigmoid(post), res
 
     def mix(self, H):
         """(sum_j H_pre[j] H_j (..., d), H_res H (..., n, d), H_post (..., n)) for H (..., n, d)."""
@@ -408,8 +373,7 @@ class ManifoldHyperConnection(HyperConnection):
 
 def cayley(w):
     """[OViT] Alg. 2 for a stack (..., d, d): 2 (I + A)^-1 - I = (I + A)^-1 (I - A) (Eq. 11) with A = W - W^T. I + A
-    is invertible for every skew A, so inv_ex skips its error check (no host sync). (An inverse and its two-product
-    gradient cost less than solving against I - A.)"""
+    is invertible for every skew A, so inv_ex skips its error check (no host sync)."""
     eye = torch.eye(w.shape[-1], dtype=w.dtype, device=w.device)
     return 2 * torch.linalg.inv_ex(eye + w - w.mT)[0] - eye
 
@@ -423,21 +387,19 @@ QKV_MAPS = {'dense': None, 'cayley': cayley, 'exp': exp_map}  # config value `qk
 
 
 class OrthogonalQKV(nn.Module):
-    """Maps a raw (3d, d) weight to three stacked orthogonal d x d matrices ([OViT] Alg. 1-2), in float32 with
-    autocast off. A torch parametrization: `c_attn.weight` is the orthogonal stack, the optimizer sees the raw W
-    ([OViT] Sec. 3.3: plain Adam on W); torch's parametrizations.orthogonal reaches the same matrices through other
-    coordinates, hence other steps. Training holds in `held` the value of one batched call for all layers."""
+    """Maps a raw (3d, d) weight to three stacked orthogonal d x d matrices ([OViT] Alg. 1-2) in float32, as a torch
+    parametrization: the optimizer steps the raw W ([OViT] Sec. 3.3; torch's parametrizations.orthogonal would step
+    other coordinates). Training holds in `held` the value of one batched call for all layers."""
 
     def __init__(self, kind):
         super().__init__()
-        self.kind, self.map = kind, QKV_MAPS[kind]
-        self.held = None
+        self.kind, self.map, self.held = kind, QKV_MAPS[kind], None
 
     def forward(self, w):  # (3d, d), or a stack of them (..., 3d, d)
         if self.held is not None:
             return self.held
         d = w.shape[-1]
-        with exact(w):
+        with torch.autocast(w.device.type, enabled=False):
             q = self.map(wide(w).view(-1, d, d))  # (3 x layers, d, d)
         return q.reshape(w.shape).to(w.dtype)
 
@@ -472,7 +434,7 @@ class BlockConfig:
     mlp_ratio: float | None = None  # the MLP's hidden width / n_embd; None: 4, or 8/3 gated (the same parameters)
     residual: str = field(default='additive', metadata={'choices': RESIDUALS})  # the update rule
     options: object = field(default_factory=dict)  # the rule's own keys: its Options, or a dict of them
-    qkv: str = field(default='dense', metadata={'choices': QKV_MAPS})  # [OViT] Sec. 3: Q/K/V weights dense or orthogonal
+    qkv: str = field(default='dense', metadata={'choices': QKV_MAPS})  # [OViT] Sec. 3: Q/K/V maps dense or orthogonal
     init: Literal['gpt2', 'sigma'] = 'gpt2'  # weight initialisation; 'sigma': [OT] "Experiments"
     sigma_w: float = 0.5  # 'sigma' init: std of V, out-proj and MLP weights is sigma_w/sqrt(d)
     sigma_qk: float = 1.0  # 'sigma' init: std of Q and K weights is sigma_qk/sqrt(d)
@@ -489,11 +451,10 @@ class BlockConfig:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; "
                              f"choose n_head among {[h for h in range(1, 17) if self.n_embd % h == 0]}")
         rule = RESIDUALS[self.residual]
+        names = [f.name for f in fields(rule.Options)]
         if not isinstance(self.options, (dict, rule.Options)):  # another rule's: the keys this rule shares with it
-            names = {f.name for f in fields(rule.Options)}
             self.options = {f.name: getattr(self.options, f.name) for f in fields(self.options) if f.name in names}
         if isinstance(self.options, dict):
-            names = [f.name for f in fields(rule.Options)]
             unknown = sorted(set(self.options) - set(names))
             if unknown:
                 raise ValueError(f"{', '.join(unknown)}: not options of residual={self.residual!r} "
@@ -541,26 +502,23 @@ def raw(linear):
     return linear.parametrizations.weight.original if parametrize.is_parametrized(linear) else linear.weight
 
 
-def make_norm(cfg, keeps_norm):
-    if keeps_norm:  # [OT] "Experiments": the stream is already on the sphere
-        return nn.Identity()
-    return nn.RMSNorm(cfg.n_embd) if cfg.norm == 'rmsnorm' else nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+def make_norm(cfg, keeps_norm):  # none where the stream is already on the sphere ([OT] "Experiments")
+    return (nn.Identity() if keeps_norm else nn.RMSNorm(cfg.n_embd) if cfg.norm == 'rmsnorm' else
+            nn.LayerNorm(cfg.n_embd, bias=cfg.bias))
 
 
 class SelfAttention(nn.Module):
-    """Multi-head self-attention, causal or not as the model says; with `normalized`, q and k are normalised and
-    scaled by s_qk ([nGPT] Sec. 2.3.2)."""
+    """Multi-head self-attention, causal or not; `normalized`: q, k normalised, scaled by s_qk ([nGPT] Sec. 2.3.2)."""
 
     def __init__(self, cfg, causal, normalized):
         super().__init__()
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
         if QKV_MAPS[cfg.qkv] is not None:
             parametrize.register_parametrization(self.c_attn, 'weight', OrthogonalQKV(cfg.qkv))
-        raw(self.c_attn).stack = 3  # Q's, K's and V's matrices (or raw W): Muon orthogonalises each alone
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.resid_dropout = nn.Dropout(cfg.dropout)
         self.n_head, self.dropout, self.causal = cfg.n_head, cfg.dropout, causal
-        self.s_qk = ScaleVector(cfg.n_embd, 1.0, 1 / math.sqrt(cfg.n_embd)) if normalized else None  # per head and dimension
+        self.s_qk = ScaleVector(cfg.n_embd, 1.0, 1 / math.sqrt(cfg.n_embd)) if normalized else None  # per head, dim
 
     def forward(self, x, cache=None):
         B, T, C = x.shape
@@ -581,51 +539,43 @@ class SelfAttention(nn.Module):
                 mask = torch.ones(T, Tk, dtype=torch.bool, device=x.device).tril(Tk - T)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
                                            is_causal=is_causal, scale=scale)
-        y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
-        return self.resid_dropout(self.c_proj(y))
+        return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, C)))  # heads side by side: (B, T, C)
 
 
 def mlp_width(cfg):
-    """The MLP's hidden width: mlp_ratio x n_embd, by default 4 x n_embd, or for the gated MLP, whose first matrix is
-    twice as wide, 8/3 x n_embd: the standard MLP's parameters."""
+    """The MLP's hidden width: mlp_ratio x n_embd; by default 4 x, or 8/3 x for the gated MLP (the same parameters)."""
     ratio = cfg.mlp_ratio if cfg.mlp_ratio is not None else 8 / 3 if cfg.mlp == 'gated' else 4
     return round(ratio * cfg.n_embd)
 
 
 class MLP(nn.Module):
-    """Linear -> activation -> Linear ('standard'), or the gated form u * SiLU(v) with u and v from one Linear twice as
-    wide ('gated', the SwiGLU of nGPT's MLP). With `normalized`, [nGPT] Sec. 2.4.2's scaling: u s_u and v s_v sqrt(d)
-    (Eq. 20-21); the standard MLP's one input takes v's (our extension of the paper, whose MLP is gated)."""
+    """Linear -> activation -> Linear ('standard'), or u * SiLU(v) with u and v from one Linear twice as wide ('gated',
+    nGPT's SwiGLU). `normalized`: u s_u and v s_v sqrt(d) ([nGPT] Sec. 2.4.2, Eq. 20-21; 'standard': v's alone)."""
 
     def __init__(self, cfg, normalized):
         super().__init__()
         hidden, self.gated = mlp_width(cfg), cfg.mlp == 'gated'
         self.c_fc = nn.Linear(cfg.n_embd, hidden * (2 if self.gated else 1), bias=cfg.bias)
-        self.c_fc.weight.stack = 2 if self.gated else 1  # u's and v's matrices: Muon orthogonalises each alone
-        approximate = 'tanh' if cfg.activation == 'gelu_tanh' else 'none'
         self.act = (nn.SiLU() if self.gated else nn.ReLU() if cfg.activation == 'relu' else
-                    nn.GELU(approximate=approximate))
+                    nn.GELU(approximate='tanh' if cfg.activation == 'gelu_tanh' else 'none'))
         self.s_uv = ScaleVector(self.c_fc.out_features, 1.0, 1.0) if normalized else None
         self.c_proj = nn.Linear(hidden, cfg.n_embd, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x):  # (..., C)
-        # on the 2-D view: of a 3-D ReLU, inductor saves a bool mask, slow to store on a CPU
+    def forward(self, x):  # (..., C), read on its 2-D view: of a 3-D ReLU, inductor saves a bool mask, slow on a CPU
         h = self.c_fc(x.flatten(0, -2))  # (N, hidden), gated: (N, 2 hidden)
         if self.s_uv is not None:
             h = h * self.s_uv()
         u, v = h.chunk(2, dim=-1) if self.gated else (None, h)
-        if self.s_uv is not None:
-            v = v * math.sqrt(x.shape[-1])
+        v = v if self.s_uv is None else v * math.sqrt(x.shape[-1])
         h = self.act(v) if u is None else u * self.act(v)
         return self.dropout(self.c_proj(h)).view_as(x)
 
 
 class Block(nn.Module):
-    """x <- update(x, attn(norm(h))); x <- update(x, mlp(norm(h))), each h the branch input the rule prepares from x
-    (ResidualUpdate.prepare). `normalized`: nGPT's branches, as the trunk reads it from the rule."""
+    """x <- update(x, attn(norm(h))); x <- update(x, mlp(norm(h))), each h the branch input the rule prepares from x."""
 
-    def __init__(self, cfg, layer, causal, normalized=False):
+    def __init__(self, cfg, layer, causal, normalized=False):  # normalized: nGPT's branches, as the rule says
         super().__init__()
         rule = RESIDUALS[cfg.residual]
         self.ln_1 = make_norm(cfg, rule.keeps_norm)
@@ -644,9 +594,9 @@ class Block(nn.Module):
     @torch.no_grad()
     def init_weights(self, cfg):
         """'gpt2': N(0, 0.02), output projections N(0, 0.02/sqrt(2 n_layer)) (GPT-2 paper). 'sigma' ([OT]
-        "Experiments"): Q, K ~ N(0, sigma_qk^2/d); V, attention out-proj and the MLP's first matrix ~ N(0,
-        sigma_w^2/d); the MLP's second ~ N(0, 2 sigma_w^2/h) for its hidden width h (4d), the 2 compensating ReLU's
-        halving of the variance. Under a Cayley/exp map this initialises the raw W the map reads."""
+        "Experiments"): Q, K ~ N(0, sigma_qk^2/d); V, out-proj, the MLP's first matrix ~ N(0, sigma_w^2/d); its second
+        ~ N(0, 2 sigma_w^2/h), h its hidden width, the 2 compensating ReLU's halving of the variance. Under a Cayley/exp
+        map this initialises the raw W the map reads."""
         d = cfg.n_embd
         for lin in (self.attn.c_attn, self.attn.c_proj, self.mlp.c_fc, self.mlp.c_proj):
             if lin.bias is not None:
@@ -659,9 +609,8 @@ class Block(nn.Module):
                 w.normal_(0.0, 0.02 / math.sqrt(2 * cfg.n_layer))
         else:
             qkv[:2 * d].normal_(0.0, cfg.sigma_qk / math.sqrt(d))
-            qkv[2 * d:].normal_(0.0, cfg.sigma_w / math.sqrt(d))
-            self.attn.c_proj.weight.normal_(0.0, cfg.sigma_w / math.sqrt(d))
-            self.mlp.c_fc.weight.normal_(0.0, cfg.sigma_w / math.sqrt(d))
+            for w in (qkv[2 * d:], self.attn.c_proj.weight, self.mlp.c_fc.weight):
+                w.normal_(0.0, cfg.sigma_w / math.sqrt(d))
             self.mlp.c_proj.weight.normal_(0.0, cfg.sigma_w * math.sqrt(2 / self.mlp.c_proj.in_features))
 
 
@@ -675,10 +624,9 @@ class Sphere(nn.Module):
 
 
 class Trunk:
-    """The stack both models share: ln_emb -> blocks -> ln_f (a mixin, so each model registers these modules among
-    its own). With a norm-keeping rule it is the Orthogonal Transformer's ([OT] "Experiments"): one weightless RMSNorm
-    after the embeddings and no other norm, so every block sees ||x|| = sqrt(d); with the normalized architecture,
-    ||x|| = 1 and logits scaled by s_z ([nGPT] Sec. 2.1)."""
+    """The stack both models share, a mixin: ln_emb -> blocks -> ln_f. With a norm-keeping rule, the Orthogonal
+    Transformer's ([OT] "Experiments"): one weightless RMSNorm after the embeddings and no other norm, so every block
+    sees ||x|| = sqrt(d); nGPT's: ||x|| = 1, logits scaled by s_z ([nGPT] Sec. 2.1)."""
 
     def build_trunk(self, config, causal, n_out):
         self.rule = RESIDUALS[config.residual]
@@ -710,8 +658,7 @@ class Trunk:
         return list(found.items())
 
     @torch.no_grad()
-    def after_step(self):
-        """What the residual rule does after each optimizer step (ResidualUpdate.after_step)."""
+    def after_step(self):  # after each optimizer step: the rule's ResidualUpdate.after_step
         self.rule.after_step(self)
 
     def num_params(self):
@@ -731,10 +678,9 @@ class DecodeCache:
         key = id(module)  # not the module: torch.compile would guard on the model through the cache
         if key not in self.buffers:
             self.buffers[key] = [t.new_empty(t.shape[:dim] + (self.capacity,) + t.shape[dim + 1:]) for t in new]
-        end = self.pos + new[0].shape[dim]
         for buf, t in zip(self.buffers[key], new):
             buf.narrow(dim, self.pos, t.shape[dim]).copy_(t)
-        return tuple(buf.narrow(dim, 0, end) for buf in self.buffers[key])
+        return tuple(buf.narrow(dim, 0, self.pos + new[0].shape[dim]) for buf in self.buffers[key])
 
 
 class GPT(Trunk, nn.Module):
@@ -743,12 +689,11 @@ class GPT(Trunk, nn.Module):
     def __init__(self, config):
         super().__init__()
         self.config = config
-        d = config.n_embd
-        self.wte = nn.Embedding(config.vocab_size, d)
-        self.wpe = nn.Embedding(config.block_size, d)
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.wpe = nn.Embedding(config.block_size, config.n_embd)
         self.drop = nn.Dropout(config.dropout)
         self.build_trunk(config, causal=True, n_out=config.vocab_size)
-        self.lm_head = nn.Linear(d, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_weights:
             self.wte.weight = self.lm_head.weight
         self.init_weights()
@@ -768,9 +713,8 @@ class GPT(Trunk, nn.Module):
         return [(self.wte.weight, -1), (self.wpe.weight, -1), (self.lm_head.weight, -1)]
 
     def forward(self, idx, targets=None, cache=None):
-        """idx (B, T) token ids -> logits (B, T, vocab), and the mean cross-entropy if targets (B, T) are given (-1
-        marks positions to ignore). With a DecodeCache, idx continues the sequence the cache has seen (positions
-        cache.pos ...) and the cache takes it in."""
+        """idx (B, T) token ids -> logits (B, T, vocab), and the mean cross-entropy of targets (B, T) if given (-1:
+        ignored). With a DecodeCache, idx continues the sequence the cache has seen, and the cache takes it in."""
         B, T = idx.shape
         start = cache.pos if cache is not None else 0
         if start + T > self.config.block_size:
@@ -780,16 +724,14 @@ class GPT(Trunk, nn.Module):
         if cache is not None:
             cache.pos += T
         logits = self.scaled(self.lm_head(x))  # (B, T, vocab)
-        if targets is None:
-            return logits, None
-        return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+        return logits, None if targets is None else F.cross_entropy(logits.view(-1, logits.size(-1)),
+                                                                    targets.reshape(-1), ignore_index=-1)
 
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None, use_cache=True, shift=None,
                  compile=False):
         """Append max_new_tokens sampled tokens to idx (B, T). Past block_size the window drops its oldest tokens
-        `shift` at a time (shift=1 is nanoGPT's sliding window; default block_size // 4). With use_cache each new token
-        is read alone against a DecodeCache of the window, which is read again only when it moves: the tokens of
-        use_cache=False (up to float rounding). compile=True compiles the repeated forwards."""
+        `shift` at a time (1: nanoGPT's sliding window; default block_size // 4). use_cache reads each new token alone
+        against a DecodeCache of the window, read again only when it moves: use_cache=False's tokens, up to rounding."""
         block, shift = self.config.block_size, max(1, self.config.block_size // 4) if shift is None else shift
         if not 1 <= shift <= block:
             raise ValueError(f"shift={shift} must lie in [1, block_size={block}]")

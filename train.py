@@ -25,7 +25,6 @@ docs/reliability.md.
 """
 
 import json
-import math
 import os
 import signal
 import statistics
@@ -34,18 +33,16 @@ import time
 from dataclasses import asdict, replace
 
 import torch
-import torch.distributed as dist
 
 import configure
-from orthogpt import checkpoint, diagnostics, errors, hf, lock, parallel, resume, sharded
+from orthogpt import checkpoint, diagnostics, errors, hf, lock, parallel
 from orthogpt.errors import UserError
 from orthogpt.estimate import check_cpu_run, format_time
 from orthogpt.files import write_text
 from orthogpt.logs import RunLog
-from orthogpt.optim import NonFinite, StepScaler, make_optimizer, oom_advice, schedule, train_step
-from orthogpt.rng import rng_state, seed_all, set_rng_state
+from orthogpt.optim import NonFinite, oom_advice, schedule
+from orthogpt.run import setup
 from orthogpt.signals import Interrupt, Interrupted
-from orthogpt.tasks import make_task
 
 
 @errors.entry
@@ -70,111 +67,109 @@ def main(argv=None):
 def train(cfg, env, argv, given):
     # ------------------------------------------------------------------ setup: data, model, optimizer
     cfg, ckpt, pretrained = starting_point(cfg, env, given)
-    task = make_task(cfg, env.device, env.rank, env.world)
-    cfg = task.cfg  # with the dataset's vocabulary, or its images' shape
-    seed_all(cfg.seed)  # the same initial weights in every process
-    raw_model = task.model()
-    if pretrained is not None:
-        hf.fit(raw_model, pretrained)
-    raw_model.to(env.device)
-    model = parallel.parallelize(raw_model, cfg, env)
-    optimizer = make_optimizer(raw_model, cfg, env.device_type)
-    scaler = StepScaler(env.device_type, env.dtype)
-    seed_all(cfg.seed + env.rank)  # dropout and stochastic connections differ per process
+    run = setup(cfg, env, pretrained, count_flops=not cfg.eval_only)
+    cfg, c = run.cfg, run.counters
     # ------------------------------------------------------------------ resume: weights, counters, data, RNG
-    run = dict(iter_num=0, best_val_loss=math.inf, schedule_start=0, last_eval=-1, history=[])
     if ckpt is not None:
-        run = restore(ckpt, cfg, env, task, raw_model, optimizer, scaler)
-    start_iter = run['iter_num']
-    names = {p: n for n, p in raw_model.named_parameters()}
-    nonfinite = NonFinite([names[p] for g in optimizer.param_groups for p in g['params']], env.device)
+        run.restore(ckpt)
+        c = run.counters
+    start_iter = c.iter_num
+    names = {p: n for n, p in run.raw_model.named_parameters()}
+    nonfinite = NonFinite([names[p] for g in run.optimizer.param_groups for p in g['params']], env.device)
     log = RunLog(cfg, env.master, start_iter)
-    announce(cfg, env, task, raw_model, optimizer, run, log, pretrained is not None)
+    announce(run, log, pretrained is not None)
     if env.device_type == 'cpu' and not env.fsdp and not cfg.eval_only:
-        evals = sum(evaluates_at(i, cfg, run) for i in range(start_iter, cfg.max_iters + 1))
-        check_cpu_run(cfg, env, task, raw_model, argv, cfg.max_iters - start_iter, evals)
+        evals = sum(evaluates_at(i, cfg, c) for i in range(start_iter, cfg.max_iters + 1))
+        check_cpu_run(run, argv, cfg.max_iters - start_iter, evals)
     # ------------------------------------------------------------------ the loop
     interrupt = Interrupt()
 
     def evaluate():  # a signal stops it between batches (Interrupted)
-        with parallel.maps_of(model, env):
-            return task.evaluate(model, env.autocast, env.ddp, cfg.eval_iters, lambda: interrupt.check(env.ddp, env.device))
+        with parallel.maps_of(run.model, env):
+            return run.task.evaluate(run.model, env.autocast, env.ddp, cfg.eval_iters,
+                                     lambda: interrupt.check(env.ddp, env.device))
     try:
         if cfg.eval_only:
             if env.master:
-                print(f"iter {run['iter_num']}: {describe(evaluate())}")
+                print(f"iter {c.iter_num}: {describe(evaluate())}")
             return
         t_last, since, dts = time.perf_counter(), 0, []
         while True:
-            it = run['iter_num']
-            if evaluates_at(it, cfg, run):
+            it = c.iter_num
+            if evaluates_at(it, cfg, c):
+                c.train_s += time.perf_counter() - t_last
                 metrics = evaluate()
-                best = metrics['val_loss'] < run['best_val_loss']
-                run.update(best_val_loss=min(run['best_val_loss'], metrics['val_loss']), last_eval=it)
+                best = metrics['val_loss'] < c.best_val_loss
+                c.best_val_loss, c.last_eval = min(c.best_val_loss, metrics['val_loss']), it
                 if env.master and cfg.dynamics:  # Oh et al. App. D: effective rank of the final representation
-                    metrics['effective_rank'] = diagnostics.final_rank(raw_model, task.eval_inputs())
+                    metrics['effective_rank'] = diagnostics.final_rank(run.raw_model, run.task.eval_inputs())
                 if env.master:
                     print(f"step {it}: {describe(metrics)}{' (best)' if best else ''}")
-                log.write({'iter': it, **metrics})
+                log.write({'iter': it, **metrics, 'train_s': c.train_s})
                 if it > 0:  # from scratch, iteration 0 has nothing to save
-                    save(cfg, env, run, task, raw_model, optimizer, scaler, best)
+                    run.save(best)
                 t_last, since = time.perf_counter(), 0
             if it >= cfg.max_iters:
                 break
-            lr = schedule(optimizer, it, cfg, run['schedule_start'])
+            lr = schedule(run.optimizer, it, cfg, c.schedule_start)
             try:
-                loss, grad_norms = train_step(model, optimizer, scaler, task.next_batch,
-                                              cfg.gradient_accumulation_steps // env.world, cfg.grad_clip,
-                                              env.autocast, env)
+                loss, grad_norms = run.step()
             except torch.OutOfMemoryError:
                 raise UserError(oom_advice(cfg, it == start_iter)) from None
             nonfinite.record(it, loss, grad_norms)
-            run['iter_num'] = it = it + 1
+            c.iter_num = it = it + 1
             since += 1
             if env.master and cfg.dynamics and it % cfg.dynamics_interval == 0:
-                log.write(diagnostics.dynamics_record(raw_model, task.batch[0], it), 'dynamics')
+                log.write(diagnostics.dynamics_record(run.raw_model, run.task.batch[0], it), 'dynamics')
             at_log = it % cfg.log_interval == 0  # the host syncs here only
             if at_log:
+                now = time.perf_counter()
+                dt, t_last, c.train_s = (now - t_last) / since, now, c.train_s + now - t_last
+                since = 0
                 if env.master:
-                    now = time.perf_counter()
-                    dt, t_last, since = (now - t_last) / since, now, 0
                     dts.append(dt)
-                    eta = statistics.median_high(dts) * (cfg.max_iters - it)
-                    lossf, per_s = loss.item(), task.items_per_iter / dt
-                    print(f"iter {it}: loss {lossf:.4f}, lr {lr:.2e}, {dt * 1000:.1f} ms/iter, "
-                          f"{per_s:,.0f} {task.unit}/s{task.progress()}, eta {format_time(eta)}")
-                    log.write({'iter': it, 'loss': lossf, 'lr': lr, 'ms_per_iter': dt * 1000,
-                               f'{task.unit}_per_s': per_s})
-                check_nonfinite(nonfinite, cfg, env, run, log, lambda: save(cfg, env, run, task, raw_model,
-                                                                            optimizer, scaler, False))
+                    log_line(run, log, loss.item(), lr, dts)
+                check_nonfinite(run, nonfinite, log)
             signum = interrupt.agreed(env.ddp, env.device) if at_log or not env.ddp else 0
             if signum:
                 raise Interrupted(signum, evaluating=False)
         if env.master:
             med = statistics.median_high(dts) if dts else None
-            print(f"done: {run['iter_num']} iterations, best val loss {run['best_val_loss']:.4f}"
-                  + (f", median {med * 1000:.1f} ms/iter, {task.items_per_iter / med:,.0f} {task.unit}/s" if dts else ''))
+            print(f"done: {c.iter_num} iterations, best val loss {c.best_val_loss:.4f}"
+                  + (f", median {med * 1000:.1f} ms/iter, {run.task.items_per_iter / med:,.0f} {run.task.unit}/s"
+                     if dts else ''))
     except Interrupted as e:  # save what is new since the last checkpoint; an evaluation cut short runs again
-        saved = run['iter_num'] > start_iter and not cfg.eval_only
+        saved = c.iter_num > start_iter and not cfg.eval_only
         if saved:
-            save(cfg, env, run, task, raw_model, optimizer, scaler, False)
+            run.save(False)
         if env.master:
             what = (f"checkpoint saved to {cfg.out_dir}/ckpt.pt; continue with --init_from=resume" if saved
                     else "nothing new to save")
             print(f"stopped by {signal.Signals(e.signum).name} {'during the evaluation ' if e.evaluating else ''}"
-                  f"at iteration {run['iter_num']}; {what}")
+                  f"at iteration {c.iter_num}; {what}")
     finally:
         interrupt.restore()
         log.close()
 
 
-def evaluates_at(it, cfg, run):
+def log_line(run, log, lossf, lr, dts):
+    """Rank 0's line every log_interval iterations, printed and logged; dts: the seconds per iteration
+    of each interval so far, the last one's and their median's time left."""
+    dt, task = dts[-1], run.task
+    per_s, eta = task.items_per_iter / dt, statistics.median_high(dts) * (run.cfg.max_iters - run.counters.iter_num)
+    print(f"iter {run.counters.iter_num}: loss {lossf:.4f}, lr {lr:.2e}, {dt * 1000:.1f} ms/iter, "
+          f"{per_s:,.0f} {task.unit}/s{task.progress()}, eta {format_time(eta)}")
+    log.write({'iter': run.counters.iter_num, 'loss': lossf, 'lr': lr, 'ms_per_iter': dt * 1000,
+               f'{task.unit}_per_s': per_s})
+
+
+def evaluates_at(it, cfg, counters):
     """Whether the run evaluates at iteration it: every eval_interval, at max_iters, not twice."""
-    return (it % cfg.eval_interval == 0 or it == cfg.max_iters) and it != run['last_eval']
+    return (it % cfg.eval_interval == 0 or it == cfg.max_iters) and it != counters.last_eval
 
 
 def describe(metrics):
-    return ', '.join(f"{k.replace('_', ' ')} {v:.4f}" if 'loss' in k else f"{k} {v:.2f}%" if 'top' in k
+    return ', '.join(f"{k.replace('_', ' ')} {v:.4f}" if 'loss' in k or 'bpb' in k else f"{k} {v:.2f}%" if 'top' in k
                      else f"{k.replace('_', ' ')} {v:.2f}" for k, v in metrics.items())
 
 
@@ -203,100 +198,45 @@ def starting_point(cfg, env, given):
     return cfg, None, None
 
 
-def restore(ckpt, cfg, env, task, raw_model, optimizer, scaler):
-    """The run's counters and history from its checkpoint, after checking that cfg can continue
-    it; the weights, optimizer and scaler state, and this process's data stream and RNG, loaded."""
-    saved = configure.from_dict(ckpt['config'])
-    problems = resume.problems(saved, cfg) + task.resume_problems(saved, ckpt['meta'])
-    if bool(ckpt['sharded']) != env.fsdp:
-        problems.append(f"the checkpoint was written with parallel={'fsdp' if ckpt['sharded'] else 'ddp'!r}; "
-                        f"resume it with that value (FSDP under torchrun)")
-    if problems:
-        raise UserError(f"cannot resume from {cfg.out_dir} with this config:\n  " + "\n  ".join(problems))
-    checkpoint.load_weights(raw_model, ckpt, os.path.join(cfg.out_dir, 'ckpt.pt'),
-                            None if cfg.reset_optimizer else optimizer)
-    run = {k: ckpt[k] for k in ('iter_num', 'best_val_loss', 'schedule_start', 'last_eval', 'history')}
-    if cfg.reset_optimizer:
-        run['schedule_start'] = run['iter_num']
-    elif ckpt['scaler']:
-        scaler.load_state_dict(ckpt['scaler'])
-    streams = ckpt['streams']
-    if len(streams) == env.world:
-        task.load_state_dict(streams[env.rank]['data'])
-        set_rng_state(streams[env.rank]['rng'])
-    elif env.master:
-        print(f"note: checkpoint written by {len(streams)} processes, resuming on {env.world}: data streams re-seeded")
-    changes = resume.changes(saved, cfg)
-    if changes or cfg.reset_optimizer:
-        run['history'].append({'iter': run['iter_num'], 'changes': changes, 'reset_optimizer': cfg.reset_optimizer})
-        if env.master:
-            print(f"at iteration {run['iter_num']}: " + ', '.join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changes.items())
-                  + (" (optimizer and schedule reset)" if cfg.reset_optimizer else ""))
-    return run
-
-
-def announce(cfg, env, task, raw_model, optimizer, run, log, pretrained):
+def announce(run, log, pretrained):
     """What rank 0 says and records before the first step: the config, the model, the resumption."""
+    cfg, env, task, c = run.cfg, run.env, run.task, run.counters
     if not env.master:
         return
     if not cfg.eval_only:
         write_text(os.path.join(cfg.out_dir, 'config.json'), json.dumps(asdict(cfg), indent=1))
     if pretrained:
         print(f"starting from the weights of {cfg.init_from}")
-    print(f"{raw_model.num_params():,} parameters, residual={cfg.residual}, qkv={cfg.qkv}, mlp={cfg.mlp}; "
+    params = run.raw_model.num_params()
+    print(f"{params:,} parameters, residual={cfg.residual}, qkv={cfg.qkv}, mlp={cfg.mlp}; "
           f"{task.items_per_iter:,} {task.unit} per iteration; {env.world} process(es) on {env.device}, {env.dtype}")
-    names = {p: n for n, p in raw_model.named_parameters()}
-    print('\n'.join('  ' + line for line in optimizer.summary(names)))
-    if run['iter_num'] == 0 and not cfg.eval_only:
-        log.write({'iter': 0, 'event': 'start', 'parameters': raw_model.num_params()})
-    if run['history'] and run['history'][-1]['iter'] == run['iter_num']:
-        log.write({'iter': run['iter_num'], 'event': 'resume', **run['history'][-1]})
+    names = {p: n for n, p in run.raw_model.named_parameters()}
+    print('\n'.join('  ' + line for line in run.optimizer.summary(names)))
+    if c.iter_num == 0 and not cfg.eval_only:
+        log.write({'iter': 0, 'event': 'start', 'parameters': params, f'flops_per_{task.item}': run.flops_per_item,
+                   f'{task.item}s_per_iter': task.items_per_iter})
+    if c.history and c.history[-1]['iter'] == c.iter_num:
+        log.write({'iter': c.iter_num, 'event': 'resume', **c.history[-1]})
 
 
-def save(cfg, env, run, task, raw_model, optimizer, scaler, best):
-    """A checkpoint of every process's state, written by rank 0 (under FSDP the weights and optimizer
-    state by every process, sharded); best.pt too if best."""
-    mine = {'data': task.state_dict(), 'rng': rng_state(env.device_type), 'weights': parallel.fingerprint(raw_model)}
-    streams = [mine]
-    if env.ddp:
-        streams = [None] * env.world
-        dist.all_gather_object(streams, mine)
-        if not env.fsdp and not all(torch.equal(s['weights'], mine['weights']) for s in streams):
-            raise UserError(f"at iteration {run['iter_num']} the {env.world} processes hold different weights: "
-                            f"DDP replicas diverged")
-    folder = sharded.save(raw_model, optimizer, cfg.out_dir, run['iter_num'], env.master) if env.fsdp else None
-    if not env.master:
-        return
-    path = os.path.join(cfg.out_dir, 'ckpt.pt')
-    checkpoint.save({**run, 'model': None if folder else raw_model.state_dict(),
-                     'optimizer': None if folder else optimizer.state_dict(), 'sharded': folder,
-                     'scaler': scaler.state_dict(), 'streams': streams, 'config': json.dumps(asdict(cfg)),
-                     'meta': json.dumps(task.meta) if task.meta else None}, path)
-    checkpoint.snapshot(cfg.out_dir, run['iter_num'], cfg.keep_last_n)
-    if best:
-        checkpoint.keep_best(cfg.out_dir)
-    keep = checkpoint.named_folders(cfg.out_dir) if folder else None
-    if keep is not None:
-        sharded.prune(cfg.out_dir, keep)
-
-
-def check_nonfinite(nonfinite, cfg, env, run, log, save_now):
+def check_nonfinite(run, nonfinite, log):
     """Warn of the non-finite steps since the last check; stop (saving first) as nan_policy says."""
+    cfg = run.cfg
     count, first, streak, bad = nonfinite.check()
     if not count:
         return
     where = ', '.join(bad[:8]) + (f" and {len(bad) - 8} more" if len(bad) > 8 else '')
     report = (f"non-finite loss or gradients at iteration {first} ({count} of the last {cfg.log_interval} "
               f"steps, skipped); parameters with non-finite gradients: {where or 'none (the loss itself)'}")
-    log.write({'iter': run['iter_num'], 'event': 'nonfinite', 'first': first, 'count': count, 'params': bad})
+    log.write({'iter': run.counters.iter_num, 'event': 'nonfinite', 'first': first, 'count': count, 'params': bad})
     if cfg.nan_policy == 'stop' or streak >= cfg.nan_max_skips:
-        save_now()
+        run.save(False)
         why = ("nan_policy='stop'" if cfg.nan_policy == 'stop'
                else f"{streak} consecutive steps skipped (nan_max_skips={cfg.nan_max_skips})")
         raise UserError(f"{report}.\nStopped ({why}); the parameters from before those steps are saved in "
                         f"{cfg.out_dir}/ckpt.pt. Resume with a lower learning_rate or longer warmup_iters, "
                         f"or with --nan_policy=skip")
-    if env.master:
+    if run.env.master:
         print(f"warning: {report}")
 
 

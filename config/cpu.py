@@ -4,12 +4,17 @@
 # rates tuned for that rule and MLP at this recipe (docs/results.md, "Residual rules at the CPU
 # recipe": each tuned on seed 1337 for the final val loss). It reads the settings made before it,
 # so put overrides of residual, mlp or optimizer before it: ... --mlp=gated config/cpu.py
+# A series of sizes: --depth=D after it (python train.py --help: depth, aspect, tokens_per_param),
+# as tools/miniseries.py runs it.
+from configure.schema import IMAGE_DATASETS as _IMAGE_DATASETS
+
 device = 'cpu'
 compile = False
 n_layer = 4
 n_head = 4
 n_embd = 128
-block_size = 64
+if dataset not in _IMAGE_DATASETS:  # noqa: F821  (a ViT's context is its patches)
+    block_size = 64
 batch_size = 12
 max_iters = 2000
 min_lr_ratio = 0.1

@@ -12,13 +12,15 @@ import types
 import typing
 from dataclasses import MISSING, asdict, fields
 
-from configure.schema import Config
+from configure.schema import MODELS, Config, block_parameters
 from model import RESIDUALS
-from orthogpt.errors import UserError
+from configure.errors import UserError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HINTS = {k: v for k, v in typing.get_type_hints(Config).items() if k != 'options'}
 CHOICES = {f.name: f.metadata['choices'] for f in fields(Config) if 'choices' in f.metadata}  # registries
+_GPT, _VIT = ({f.name for f in fields(MODELS[m][1])} for m in ('gpt', 'vit'))
+MODEL_KEYS = {'gpt': _GPT - _VIT, 'vit': _VIT - _GPT}  # the keys of one model alone
 
 
 def closest(word, choices, cutoff=0.5):
@@ -182,22 +184,61 @@ def load(argv, base=None, given=None):
     values = flat(base) if base is not None else {f.name: f.default for f in fields(Config)
                                                     if f.default is not MISSING}
     given = set() if given is None else given
+    sizing = None  # (the width learning_rate was set for, the keys set since depth)
     for arg in argv:
         if arg.startswith('--'):
             key, eq, text = arg[2:].partition('=')
             if not eq:
                 raise UserError(f"override {arg!r} has no value; write --{key}=VALUE")
-            values[key] = parse(key, text, hint_of(key, f"override {arg!r}"))
-            given.add(key)
+            updates = {key: parse(key, text, hint_of(key, f"override {arg!r}"))}
         elif '=' in arg and not os.path.exists(arg):
             raise UserError(f"{arg!r} is neither a config file nor an override; did you mean --{arg}?")
         else:
             updates = run_file(arg, values)
-            values.update(updates)
-            given.update(updates)
+        values.update(updates)
+        given.update(updates)
+        if 'depth' in updates:
+            sizing = values['n_embd'], set(updates) - {'depth'}
+        elif sizing:
+            sizing[1].update(updates)
     if given & set(option_hints()):
         given.add('options')
-    return build(values)
+    if sizing and values['depth']:
+        values = sized(values, *sizing)
+    cfg = build(values)
+    check_model_keys(cfg, given)
+    return cfg
+
+
+def check_model_keys(cfg, keys):
+    """Refuse keys of the model that cfg does not build: a ViT's in a GPT run, or the reverse."""
+    other = 'vit' if cfg.model == 'gpt' else 'gpt'
+    found = sorted(set(keys) & MODEL_KEYS[other])
+    if found:
+        raise UserError(f"{', '.join(found)}: {'keys' if len(found) > 1 else 'a key'} of model={other!r}, and this run "
+                        f"builds model={cfg.model!r} (dataset={cfg.dataset!r}), which has no such key; remove "
+                        f"{'them' if len(found) > 1 else 'it'}, or set --model={other} and a dataset of its kind")
+
+
+def sized(values, width, later):
+    """The keys that follow from depth, as nanochat's one knob, but those set after it:
+    - n_layer = depth, n_embd = aspect x depth, n_head = depth (heads aspect wide);
+    - learning_rate, set for `width`, times sqrt(width / n_embd): AdamW's rate as 1/sqrt(width), as
+      nanochat scales it (Muon's update is normalised per matrix and keeps muon_lr);
+    - max_iters for tokens_per_param tokens per parameter of the blocks (J. Hoffmann et al.,
+      "Training Compute-Optimal Large Language Models", arXiv:2203.15556: about 20). Embeddings
+      are not counted (J. Kaplan et al., arXiv:2001.08361), so that a character-level and a BPE
+      vocabulary give one budget."""
+    values = dict(values)
+    d = values['depth']
+    values.update({k: v for k, v in dict(n_layer=d, n_head=d, n_embd=values['aspect'] * d).items() if k not in later})
+    if 'learning_rate' not in later:
+        values['learning_rate'] *= math.sqrt(width / values['n_embd'])
+    if values['tokens_per_param'] and 'max_iters' not in later:
+        blocks = block_parameters(build(values))
+        tokens = values['gradient_accumulation_steps'] * values['batch_size'] * values['block_size']
+        values['max_iters'] = math.ceil(values['tokens_per_param'] * blocks / tokens)
+    return values
 
 
 def flat(cfg):
@@ -208,12 +249,15 @@ def flat(cfg):
 
 
 def from_dict(data):
-    """Config from plain data (a checkpoint's JSON), checked like a config file."""
+    """Config from plain data (a checkpoint's JSON), checked like a config file; the other model's
+    keys, which it holds at their defaults, may not differ from them."""
     values = {}
     for key, value in {**data, **data.get('options', {})}.items():
         if key != 'options':
             values[key] = coerce(key, value, hint_of(key, 'saved config'))
-    return build(values)
+    cfg = build(values)
+    check_model_keys(cfg, {f.name for f in fields(Config) if f.name in values and values[f.name] != f.default})
+    return cfg
 
 
 def comments(cls):

@@ -9,6 +9,8 @@ and gathered in `options`. The keys below drive train.py.
 from dataclasses import dataclass, fields
 from typing import Literal
 
+import torch
+
 from model import GPT, ViT, GPTConfig, ViTConfig, at_least_one
 
 # the image datasets `dataset` may name: their Hugging Face source (and Debian's IDX files), classes
@@ -50,6 +52,11 @@ class Config(GPTConfig, ViTConfig):
     mix_prob: float = 1.0  # probability that a batch is mixed at all
     mix_switch_prob: float = 0.5  # with both alphas set: probability of cutmix rather than mixup
     erase_prob: float = 0.0  # random erasing, per image
+    # size: one knob for a series of models (nanochat's --depth); put it after the config files, and the
+    # keys it sets after it where they should differ
+    depth: int = 0  # n_layer=n_head=depth, n_embd=aspect*depth, learning_rate x sqrt(width before / n_embd), max_iters from tokens_per_param; 0: off
+    aspect: int = 64  # with depth: n_embd per layer, and so the heads' width (nanochat's 64)
+    tokens_per_param: float = 20.0  # with depth: max_iters for this many tokens per block parameter (Chinchilla: ~20); 0: max_iters as set
     batch_size: int = 12  # sequences (or images) per micro-step, per process
     gradient_accumulation_steps: int = 1  # micro-steps per optimizer step, summed over all processes
     # optimizer and learning-rate schedule (linear warmup, cosine decay to min_lr_ratio of the peak)
@@ -83,9 +90,10 @@ class Config(GPTConfig, ViTConfig):
             self.model = 'vit' if self.dataset in IMAGE_DATASETS else 'gpt'
         self.options = model_config(self).options
         at_least_one(self, 'batch_size', 'gradient_accumulation_steps', 'eval_interval', 'eval_iters', 'log_interval',
-                     'dynamics_interval')
+                     'dynamics_interval', 'aspect')
         for key in ('max_iters', 'warmup_iters', 'learning_rate', 'muon_lr', 'weight_decay', 'grad_clip', 'dropout',
-                    'keep_last_n', 'nan_max_skips', 'crop_padding', 'mixup_alpha', 'cutmix_alpha', 'muon_momentum_warmup'):
+                    'keep_last_n', 'nan_max_skips', 'crop_padding', 'mixup_alpha', 'cutmix_alpha', 'muon_momentum_warmup',
+                    'depth', 'tokens_per_param'):
             if getattr(self, key) < 0:
                 raise ValueError(f"{key}={getattr(self, key)} must not be negative")
         if self.muon_weight_decay is not None and self.muon_weight_decay < 0:
@@ -117,4 +125,10 @@ def model_config(cfg):
 def build_model(cfg):
     """The GPT or ViT a Config describes, initialised."""
     return MODELS[cfg.model][0](model_config(cfg))
+
+
+def block_parameters(cfg):
+    """Parameters of the blocks of the model cfg describes (built on the meta device: no memory)."""
+    with torch.device('meta'):
+        return sum(p.numel() for p in build_model(cfg).blocks.parameters())
 

@@ -236,7 +236,7 @@ def main(argv=None):
         'tokens': state['tokens'], 'documents': state['docs'], 'shards': state['shards'], 'source': source})
     print(f"{state['docs']:,} documents, {state['tokens']:,} tokens in {state['shards']} shards in {out_dir}; "
           f"this run: {done_tokens:,} tokens in {elapsed:.1f} s, {done_tokens / elapsed:,.0f} tokens/s "
-          f"with {args.num_proc} processes")
+          f"with {args.num_proc} process{'es' if args.num_proc != 1 else ''}")
 
 
 if __name__ == '__main__':

@@ -1,13 +1,14 @@
 """What OrthoGPT's scripts (train.py, sample.py) and tools (tools/) share, one job per module.
-Imports flow one way: model.py <- this package <- scripts and tools; configure/ reads model.py.
+Imports flow one way: model.py <- configure/ <- this package <- scripts and tools.
 
-    errors       UserError, and the entry points' turning of it into `error: ...` and exit 1
+    errors       UserError (configure's, below the package), and the entry points' turning of it into `error: ...`
     files        the one atomic, fsync'd file write, and what a failed write says
     lock         one writer per folder: a lock the operating system frees when its holder dies
     progress     the one progress bar
     device       device and dtype choice, autocast
     parallel     this process among torchrun's: DDP or FSDP, gradient synchronisation, the lock on rank 0
-    optim        AdamW and Muon, the learning-rate schedule, one optimizer step, non-finite steps
+    optim        AdamW and Muon, their parameter groups, the learning-rate schedule, one step, non-finite steps
+    run          a run's state in one object (config, model, optimizer, counters) and its setup and checkpoint
     signals      Ctrl-C and SIGTERM as a request to stop at the next step; SIGTERM when the launcher dies
     rng          every random generator's state, for exact resumption
     checkpoint   checkpoint files: atomic, checksummed (and their sharded folders), versioned; the newest that verifies
@@ -19,6 +20,8 @@ Imports flow one way: model.py <- this package <- scripts and tools; configure/ 
     images       image datasets on the device, and their augmentation
     tasks        what the loop trains on: a GPT on token windows, or a ViT on images
     estimate     how long a CPU run will take, from timed steps
+    flops        FLOPs per token of a training step, every rule's extra work counted
+    scaling      loss against compute: the fit L(C) = E + A C^-alpha and a rule's compute multiplier
     logs         a run's log.jsonl (and Weights & Biases): written, read, damaged lines dropped
     plots        validation curves of runs in one figure
     diagnostics  measurements of the residual stream: gradient norms, update statistics

@@ -13,9 +13,7 @@ import os
 import sys
 import time
 
-
-class UserError(Exception):
-    pass
+from configure.errors import UserError
 
 
 def entry(main):

@@ -69,18 +69,19 @@ def cpu_command(argv):
     return shlex.join(['python', 'train.py', *files, cpu if near.startswith('..') else near, *overrides])
 
 
-def check_cpu_run(cfg, env, task, model, argv, iters, evals):
-    """On a CPU: print how long `iters` iterations and `evals` evaluations will take. A run that did
-    not ask for the CPU (device='auto' found no GPU) and would take over LIMIT stops here, before
-    its first evaluation, with the command sized for a CPU. Rank 0 times; every process learns the
-    verdict."""
+def check_cpu_run(run, argv, iters, evals):
+    """On a CPU: print how long `iters` iterations and `evals` evaluations of the Run will take. A
+    run that did not ask for the CPU (device='auto' found no GPU) and would take over LIMIT stops
+    here, before its first evaluation, with the command sized for a CPU. Rank 0 times; every process
+    learns the verdict."""
+    cfg, env, task = run.cfg, run.env, run.task
     message = None
     if env.master:
         try:
-            train, evaluate = time_passes(model, task.batch, env)
+            train, evaluate = time_passes(run.raw_model, task.batch, env)
         except torch.OutOfMemoryError:
             raise UserError(oom_advice(cfg, True)) from None
-        micro_steps = iters * cfg.gradient_accumulation_steps // env.world
+        micro_steps = iters * run.micro_steps
         batches = evals * task.eval_batches(cfg.eval_iters)
         total = [micro_steps * t + batches * e for t, e in zip(sorted(train), sorted(evaluate))]
         print(f"on this CPU: about {duration(statistics.median(total))} ({duration(total[0])} to {duration(total[-1])} "
@@ -93,6 +94,6 @@ def check_cpu_run(cfg, env, task, model, argv, iters, evals):
                        f"{duration(statistics.median(total))}. For a CPU, stack config/cpu.py (nanoGPT's CPU recipe: "
                        f"{small.n_layer} layers x {small.n_embd}, {small.max_iters} iterations):\n  {cpu_command(argv)}\n"
                        f"or run this config here anyway with --device=cpu")
-    message = verdict(env, message)
+    message = verdict(message, env.ddp)
     if message:
         raise UserError(message)

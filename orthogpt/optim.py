@@ -7,8 +7,10 @@ import re
 
 import torch
 import torch.nn as nn
+from torch.nn.utils import parametrize
 
-from model import raw
+from model import ResidualUpdate, ScaleVector, raw
+from orthogpt.errors import UserError
 from orthogpt.parallel import local_norms, maps_of, synchronising, unwrapped
 
 
@@ -117,26 +119,66 @@ class Optimizers:
                 group['base_lr'] = lr
 
 
+OWN = {'cls_token': True, 'pos_emb': True}  # a model's own parameters (the ViT's embeddings): decayed
+
+
+def decayed(module, name, p):
+    """Whether weight decay applies to the parameter `name` of `module` (its own, not a submodule's),
+    by the kind of module; None where no kind claims it. Matrices and embeddings decay; gains,
+    biases and scaling vectors do not, nor does the raw W behind an orthogonal Q/K/V (decaying it pulls
+    Q, K, V towards the identity, not towards zero), nor what a rule names in its no_decay."""
+    if isinstance(module, ResidualUpdate):
+        return p.dim() >= 2 and name not in module.no_decay
+    if isinstance(module, (nn.Linear, nn.Embedding, nn.Conv2d)):
+        return name == 'weight'
+    if isinstance(module, (nn.LayerNorm, nn.RMSNorm, ScaleVector, parametrize.ParametrizationList)):
+        return False
+    return None
+
+
+def decay_groups(model):
+    """{parameter: whether it is decayed} for every trainable parameter, each claimed by the modules
+    that hold it (a tied weight by each) with one answer; a UserError names any other."""
+    claims = {}
+    for module in model.modules():
+        for name, p in module.named_parameters(recurse=False):
+            if p.requires_grad:
+                claims.setdefault(p, set()).add(OWN.get(name) if module is model else decayed(module, name, p))
+    names = {p: n for n, p in model.named_parameters()}
+    for p, found in claims.items():
+        if None in found or len(found) > 1:
+            what = 'in no optimizer group' if None in found else 'claimed as decayed and as not'
+            raise UserError(f"parameter {names[p]} is {what}: orthogpt.optim.decayed places a parameter by the "
+                            f"module that holds it (a rule, a Linear, Embedding, Conv2d, norm or scaling vector); hold "
+                            f"it in one of those (a rule lists those it does not decay in no_decay), or add its kind there")
+    return {p: found.pop() for p, found in claims.items()}
+
+
+def muon_split(name, cfg):
+    """The matrices that a weight stacks, which Muon orthogonalises each alone: Q, K and V in
+    attention's c_attn (or its raw W); u and v in a gated MLP's c_fc."""
+    return 3 if '.attn.c_attn.' in name else 2 if '.mlp.c_fc.' in name and cfg.mlp == 'gated' else 1
+
+
 def make_optimizer(model, cfg, device_type):
-    """AdamW; weight decay on matrices and embeddings, none on gains and biases, nor on the raw W
-    behind orthogonal Q/K/V (decaying it pulls Q, K, V towards the identity, not towards zero).
-    Fused where PyTorch has the kernel (CUDA, CPU): one kernel for all parameters, and the
-    scaler's skip of a non-finite step stays on the device. With optimizer='muon', Muon (SplitMuon)
-    takes the weights of the blocks' Linear layers (attention and MLP, the raw W behind Q/K/V maps),
-    each matrix of a stacked weight alone, at muon_lr with muon_weight_decay; AdamW keeps the
-    embeddings, head, gains, biases, scaling vectors and a rule's own parameters."""
+    """AdamW, with weight decay as decay_groups says. Fused where PyTorch has the kernel (CUDA, CPU):
+    one kernel for all parameters, and the scaler's skip of a non-finite step stays on the device.
+    With optimizer='muon', Muon (SplitMuon) takes the weights of the blocks' Linear layers
+    (attention and MLP, the raw W behind Q/K/V maps), each matrix of a stacked weight alone, at
+    muon_lr with muon_weight_decay; AdamW keeps the embeddings, head, gains, biases, scaling vectors
+    and a rule's own parameters."""
+    decays = decay_groups(model)
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     matrices = {raw(m) for m in model.blocks.modules() if isinstance(m, nn.Linear)} if cfg.optimizer == 'muon' else set()
     muon = [(n, p) for n, p in params if p in matrices]
     rest = [(n, p) for n, p in params if p not in matrices]
 
-    def groups(named, lr, weight_decay, split=False):  # decay=False (a rule's static weights): none
-        decayed = [(n, p) for n, p in named if p.dim() >= 2 and '.parametrizations.' not in n and getattr(p, 'decay', True)]
-        kept = [(n, p) for n, p in named if not any(p is q for _, q in decayed)]
+    def groups(named, lr, weight_decay, split=False):  # decayed ones first, then the others
         found = {}
-        for (decay, members) in ((weight_decay, decayed), (0.0, kept)):
-            for _, p in members:
-                found.setdefault((decay, getattr(p, 'stack', 1) if split else 1), []).append(p)
+        for decay, members in ((weight_decay, [x for x in named if decays[x[1]]]),
+                               (0.0, [x for x in named if not decays[x[1]]])):
+            for n, p in members:
+                found.setdefault((decay, muon_split(n, cfg) if split else 1), []).append(p)
         return [{'params': ps, 'weight_decay': decay, 'base_lr': lr, **({'split': n} if split else {})}
                 for (decay, n), ps in found.items()]
     adamw = torch.optim.AdamW(groups(rest, cfg.learning_rate, cfg.weight_decay), lr=cfg.learning_rate,

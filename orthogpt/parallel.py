@@ -91,16 +91,16 @@ def master_holds(env, acquire):
             held = acquire()
         except UserError as e:
             error = str(e)
-    error = verdict(env, error)
+    error = verdict(error, env.ddp)
     if error:
         raise UserError(error)
     return held
 
 
-def verdict(env, message):
-    """Rank 0's message (the text of an error that is to end the run, or None), learnt by every
-    process under torchrun."""
-    if env.ddp:
+def verdict(message, ddp):
+    """Rank 0 decides, the others learn it: rank 0's message (the text of an error that is to end
+    the run, or None), received by every process when ddp (under torchrun)."""
+    if ddp:
         box = [message]
         dist.broadcast_object_list(box, src=0)
         message = box[0]

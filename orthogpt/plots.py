@@ -1,6 +1,7 @@
 """Figures of runs: the command line of a tool that draws some (run_arguments), and validation
 curves in one figure, the val loss (and top-1 for images) against iteration, the mean over each
-group's seeds, a line per group (curves)."""
+group's seeds, a line per group (curves); and a scaling series' final loss against compute and wall time
+(scaling)."""
 
 import argparse
 import statistics
@@ -44,6 +45,40 @@ def curves(groups, path, switch_at=None):
         ax.set_ylabel(f"{name}, mean over seeds")
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    print(f"wrote {path}")
+
+
+def scaling(series, path):
+    """series: {label: {'compute': [FLOPs], 'wall': [seconds], 'loss': [mean], 'loss_std': [std], 'fit': (FLOPs,
+    losses) or None}}, a point per size (the mean over its seeds). Two log-log panels, a line per label: the
+    loss against compute (the fit dashed, in the line's colour) and against wall time. Writes the PNG at path."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FormatStrFormatter
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for i, (label, s) in enumerate(series.items()):
+        color = f"C{i % 10}"
+        for ax, x in zip(axes, (s['compute'], s['wall'])):
+            points = [(a, b, e) for a, b, e in zip(x, s['loss'], s['loss_std']) if a and b]
+            if points:
+                xs, ys, es = zip(*points)
+                ax.errorbar(xs, ys, yerr=es, color=color, marker='o', ms=4, capsize=2, label=label)
+        if s.get('fit'):
+            axes[0].plot(*s['fit'], color=color, ls='--', lw=1)
+    for ax, name in zip(axes, ('training compute (FLOPs)', 'training wall time (s)')):
+        ax.set_xscale('log')
+        ax.set_yscale('log')
+        for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):  # losses span less than a decade
+            axis(FormatStrFormatter('%g'))
+        ax.set_xlabel(name)
+        ax.set_ylabel('final val loss, mean over seeds')
+        ax.grid(alpha=0.3, which='both')
+    axes[0].set_title('dashed: L(C) = E + A·C^(−α)', fontsize=9)
+    axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

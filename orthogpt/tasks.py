@@ -17,8 +17,9 @@ import torch
 import torch.distributed as dist
 
 import configure
-from orthogpt import chars, images, progress, windows
+from orthogpt import bpe, chars, flops, images, progress, windows
 from orthogpt.errors import UserError
+from orthogpt.parallel import verdict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -39,12 +40,23 @@ def on_master_first(prepare, rank, world):
             prepare()
         except UserError as e:
             error = str(e)
-    if world > 1:
-        box = [error]
-        dist.broadcast_object_list(box, src=0)
-        error = box[0]
+    error = verdict(error, world > 1)
     if error:
         raise UserError(error)
+
+
+def token_bytes(meta, vocab_size):
+    """(vocab_size,) UTF-8 bytes of each token: its character's for character-level data, its GPT-2
+    BPE token's otherwise (ids past GPT-2's 50257 have none); all 0 where the BPE files cannot be read."""
+    if meta:
+        sizes = [len(ch.encode('utf-8')) for ch in meta['itos']]
+    else:
+        try:
+            enc = bpe.encoding()
+        except UserError:
+            return torch.zeros(vocab_size, dtype=torch.long)
+        sizes = [len(enc.decode_single_token_bytes(i)) for i in range(min(enc.n_vocab, vocab_size))]
+    return torch.tensor(sizes + [0] * (vocab_size - len(sizes)))
 
 
 class Task:
@@ -74,7 +86,7 @@ class Task:
 
 
 class LanguageTask(Task):
-    unit = 'tok'
+    unit, item = 'tok', 'token'
 
     def __init__(self, cfg, device, rank=0, world=1):
         folder = data_dir(cfg)
@@ -104,6 +116,7 @@ class LanguageTask(Task):
         self.loader = windows.TokenWindows(arrays['train'], cfg.block_size, cfg.batch_size, cfg.seed, device, rank, world)
         self.eval_loaders = {split: windows.TokenWindows(a, cfg.block_size, cfg.batch_size, cfg.seed + 10_000, device,
                                                         rank, world) for split, a in arrays.items()}
+        self.token_bytes = token_bytes(self.meta, cfg.vocab_size).to(device)
         self.pending, self.batch = self.data_state(), self.draw()
 
     def draw(self):
@@ -114,6 +127,12 @@ class LanguageTask(Task):
 
     def load_data_state(self, state):
         self.loader.load_state_dict(state['loader'])
+
+    def counted_flops(self, model):
+        """FLOPs per token of a training step of model, every rule's extra work counted (orthogpt.flops)."""
+        c = self.cfg
+        one = torch.zeros(1, c.block_size, dtype=torch.long, device=next(model.parameters()).device)
+        return flops.per_item(model, (one, one), c.gradient_accumulation_steps * c.batch_size) / c.block_size
 
     def flops_per_item(self, model):
         """Per token: 6N for the matmuls of forward and backward (position embeddings do none),
@@ -131,25 +150,30 @@ class LanguageTask(Task):
 
     @torch.no_grad()
     def evaluate(self, model, autocast, ddp, eval_iters, check=lambda: None):
-        """Mean loss per split over eval_iters batches; the loaders restart, so every evaluation
-        sees the same batches. Under DDP the processes draw distinct batches; the means are averaged.
-        check() runs before every batch (it raises to stop the evaluation)."""
+        """Mean loss per split over eval_iters batches, and the validation loss in bits per byte of
+        its text (nanochat's val_bpb: the summed loss in bits over the UTF-8 bytes of the predicted
+        tokens, so that tokenizers compare). The loaders restart, so every evaluation sees the same
+        batches. Under DDP the processes draw distinct batches; the sums are averaged. check() runs
+        before every batch (it raises to stop the evaluation)."""
         model.eval()
         out = {}
         try:
             for split, batches in self.eval_loaders.items():
                 batches.reset()
-                total = torch.zeros((), device=batches.device)
+                sums = torch.zeros(2, device=batches.device)  # the batches' mean losses, their targets' bytes
                 with progress.bar(range(eval_iters), f"evaluating {split}", show=self.rank == 0) as bar:
                     for _ in bar:
                         check()
                         x, y = batches.next()
                         with autocast:
                             _, loss = model(x, y)
-                        total += loss.float()
+                        sums += torch.stack([loss.float(), self.token_bytes[y].sum().float()])
                 if ddp:
-                    dist.all_reduce(total, op=dist.ReduceOp.AVG)
-                out[f'{split}_loss'] = total.item() / eval_iters
+                    dist.all_reduce(sums, op=dist.ReduceOp.AVG)
+                total, nbytes = sums.tolist()
+                out[f'{split}_loss'] = total / eval_iters
+            if nbytes:  # the last split's: val
+                out['val_bpb'] = total * y.numel() / (math.log(2) * nbytes)
         finally:
             model.train()
         return out
@@ -164,7 +188,7 @@ class LanguageTask(Task):
 
 
 class ImageTask(Task):
-    unit = 'img'
+    unit, item = 'img', 'image'
 
     def __init__(self, cfg, device, rank=0, world=1):
         folder = data_dir(cfg)
@@ -193,6 +217,13 @@ class ImageTask(Task):
     def load_data_state(self, state):
         self.loader.load_state_dict(state['loader'])
         self.augment.load_state_dict(state['augment'])
+
+    def counted_flops(self, model):
+        """FLOPs per image of a training step of model, every rule's extra work counted (orthogpt.flops)."""
+        c, device = self.cfg, next(model.parameters()).device
+        one = (torch.zeros(1, c.channels, c.image_size, c.image_size, device=device),
+               torch.zeros(1, dtype=torch.long, device=device))
+        return flops.per_item(model, one, self.items_per_iter)
 
     def flops_per_item(self, model):
         """Per image of T = patches + 1 tokens: 6 N T for the matmuls, plus attention's 12 L T^2 d."""

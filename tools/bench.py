@@ -43,9 +43,7 @@ import configure  # noqa: E402
 from model import QKV_MAPS, RESIDUALS, OrthogonalQKV, copied  # noqa: E402
 from orthogpt import diagnostics, errors, parallel  # noqa: E402
 from orthogpt.errors import UserError  # noqa: E402
-from orthogpt.optim import StepScaler, make_optimizer, train_step  # noqa: E402
-from orthogpt.rng import seed_all  # noqa: E402
-from orthogpt.tasks import make_task  # noqa: E402
+from orthogpt.run import setup  # noqa: E402
 
 PEAK_TFLOPS = {'H100': 989.0, 'H200': 989.0, 'A100': 312.0, 'L4': 121.0, 'A10': 125.0}  # bf16 dense
 
@@ -77,22 +75,14 @@ class Runner:
     device, dtype and DDP or FSDP)."""
 
     def __init__(self, cfg, env):
-        self.env, self.device, self.device_type = env, env.device, env.device_type
-        self.task = make_task(cfg, env.device, env.rank, env.world)
-        self.cfg = cfg = self.task.cfg
-        seed_all(cfg.seed)
-        self.raw = self.task.model().to(env.device)
-        self.compile = cfg.compile
-        self.model = parallel.parallelize(self.raw, cfg, env)
-        self.optimizer = make_optimizer(self.raw, cfg, env.device_type)
-        self.autocast = env.autocast
-        self.scaler = StepScaler(self.device_type, env.dtype)
+        self.run = run = setup(cfg, env)
+        self.env, self.device, self.device_type, self.autocast = env, env.device, env.device_type, env.autocast
+        self.cfg, self.task, self.raw, self.model, self.optimizer = run.cfg, run.task, run.raw_model, run.model, run.optimizer
+        self.compile = run.cfg.compile
         self.x, self.y = self.task.batch
 
     def step(self):
-        train_step(self.model, self.optimizer, self.scaler, lambda: (self.x, self.y),
-                   self.cfg.gradient_accumulation_steps // self.env.world, self.cfg.grad_clip, self.autocast,
-                   self.env)
+        self.run.step(lambda: (self.x, self.y))
 
     def saved_for_backward(self):
         """Bytes of the activations one eager forward of a micro-batch keeps for its backward: every

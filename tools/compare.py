@@ -72,7 +72,8 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 import torch
 
@@ -85,6 +86,108 @@ from orthogpt.errors import UserError  # noqa: E402
 TUNING_SEED = 1337
 SEEDS = list(range(1, 100))  # the reported ones
 
+# ----------------------------------------------------------------------------- 1. records
+
+
+@dataclass(frozen=True)
+class Case:
+    """A config at one combination of --set values; its runs make a row (a row per length, or per
+    switch value, with --lengths or --switch)."""
+    config: str  # the config file
+    name: str  # its file name without .py: how --per, --baseline and the labels call it
+    set: tuple  # its --set values, ((key, value), ...): the keys a --baseline pairs rows over
+    setting: tuple  # its --per settings, then its --set values (then, once tuned, its --tune values)
+    label: str  # its rows' label
+
+
+@dataclass(eq=False)  # a run is its folder: two runs with the same fields are still two runs
+class Run:
+    """One train.py process in its own folder, OUT/name. A first phase (--switch) counts in no row:
+    its second phases continue it, one per switch value."""
+    name: str
+    seed: int
+    argv: list  # train.py's arguments
+    out_dir: str
+    cfg: Any  # configure.load(argv), checked before any run starts
+    case: Case
+    group: str | None  # the label of the row it counts in; None for a first phase
+    length: int | None = None  # its max_iters under --lengths
+    after: 'Run | None' = None  # the first phase a second phase continues
+    reset: bool = False  # --switch_reset: a fresh optimizer and schedule after the switch
+    switch: tuple = ()  # a second phase's --switch values
+
+
+@dataclass
+class Job:
+    """A run's train.py while it runs."""
+    run: Run
+    proc: subprocess.Popen
+    stdout: object  # the run's stdout.log, open
+    t0: float
+
+
+@dataclass
+class Status:
+    """What a run's last process left: run.json (written by compare.py when it ended) and the last
+    3 lines it printed. None where compare.py never ran it (or train.py ran it by itself)."""
+    returncode: int | None = None
+    wall_s: float | None = None
+    argv: list | None = None  # the train.py arguments it ran with
+    tail: str = ''
+
+    @classmethod
+    def read(cls, run):
+        try:
+            with open(os.path.join(run.out_dir, 'run.json')) as f:
+                saved = json.load(f)
+            status = cls(saved.get('returncode'), saved.get('wall_s'), saved.get('argv'))
+        except (OSError, json.JSONDecodeError):
+            status = cls()
+        try:
+            with open(os.path.join(run.out_dir, 'stdout.log')) as f:
+                status.tail = ' | '.join(line.strip() for line in f.read().splitlines()[-3:])
+        except OSError:
+            pass
+        return status
+
+
+@dataclass
+class Result:
+    """A finished run's numbers, read from its log."""
+    seed: int
+    best: float  # val loss
+    final: float  # val loss at max_iters
+    top1: float | None  # final top-1 and top-5 % (images)
+    top5: float | None
+    wall: float | None  # seconds; a second phase's include its first phase's
+    unit: str | None  # 'tok' or 'img'
+    rate: float | None  # the median of its log lines' tokens (images) per second
+    ms: float | None  # the median of its log lines' ms per iteration
+    curve: list  # logs.evaluations: [(iteration, val loss, top-1)]
+
+
+@dataclass
+class Failure:
+    """A run that did not finish: why, and the last lines it (or its first phase) printed."""
+    name: str
+    why: str
+    tail: str
+
+
+@dataclass
+class Row:
+    """A row of the results: the runs of one case (at one length, or one switch value) over the
+    seeds, those that finished and those that did not."""
+    label: str
+    case: Case
+    length: int | None = None
+    switch: tuple = ()
+    params: int | None = None  # parameter count, as train.py logged it
+    results: list = field(default_factory=list)  # [Result], in seed order
+    failed: list = field(default_factory=list)  # [Failure]
+
+# ----------------------------------------------------------------------------- 2. planning
+
 
 def parse_set(text):
     key, sep, values = text.partition('=')
@@ -95,14 +198,18 @@ def parse_set(text):
 
 def parse_per(text):
     """--per 'CONFIG[ key=value ...]:KEY=VALUE', a setting for the runs of one config (and, where
-    given, of its --set values) alone: (config stem, {key: value} it selects, (key, value))."""
+    given, of its --set values) alone: (config name, {key: value} it selects, (key, value))."""
     selector, colon, kv = text.partition(':')
     key, eq, value = kv.partition('=')
     stem, *picks = selector.split() or ['']
     if not stem or not colon or not eq or not key or not value or not all('=' in p for p in picks):
         raise UserError(f"--per {text!r}: write --per CONFIG:key=value or --per 'CONFIG k=v:key=value' (CONFIG: a "
                         f"config file's name, k=v: a --set value)")
-    return os.path.splitext(os.path.basename(stem))[0], dict(p.split('=', 1) for p in picks), (key, value)
+    return config_name(stem), dict(p.split('=', 1) for p in picks), (key, value)
+
+
+def config_name(path):
+    return os.path.splitext(os.path.basename(path))[0]
 
 
 def load(argv, name):
@@ -117,102 +224,94 @@ def label_of(name, setting):
 
 
 def cases(args):
-    """Every config x --set combination: {'config', 'name' (the config's file name), 'set' (its --set
-    values), 'setting' (its --per settings, then the --set values), 'case' (the row's label)}."""
+    """Every config x --set combination, a Case each, with the --per settings that select it."""
     settings = list(itertools.product(*[parse_set(s) for s in args.set])) or [()]
     per = [parse_per(p) for p in args.per]
-    names = {os.path.splitext(os.path.basename(c))[0] for c in args.configs}
-    for text, (stem, picks, _) in zip(args.per, per):
-        if stem not in names or not any(picks.items() <= dict(values).items() for values in settings):
+    names = {config_name(c) for c in args.configs}
+    for text, (name, picks, _) in zip(args.per, per):
+        if name not in names or not any(picks.items() <= dict(values).items() for values in settings):
             raise UserError(f"--per {text!r} selects no run: the configs are {', '.join(sorted(names))}"
                             + (f", the --set values {', '.join(s for s in args.set)}" if args.set else ''))
     found = []
     for config in args.configs:
-        name = os.path.splitext(os.path.basename(config))[0]
+        name = config_name(config)
         for values in settings:
-            setting = (*(kv for stem, picks, kv in per if stem == name and picks.items() <= dict(values).items()),
-                       *values)
-            found.append(dict(config=config, name=name, set=values, setting=setting, case=label_of(name, setting)))
+            setting = (*(kv for n, picks, kv in per if n == name and picks.items() <= dict(values).items()), *values)
+            found.append(Case(config, name, values, setting, label_of(name, setting)))
     return found
 
 
-def plan(args, extra, cases, seeds, lengths=(None,)):
-    """One dict per run of each case x length x seed: its group (the row it counts in; None for a
-    first phase), case, length, setting, seed, name, argv, out_dir and, for a second phase, the
-    first phase it continues (`after`); each argv checked with configure.load first, so a typo
-    stops the comparison before any run starts."""
+def plan(args, extra, todo, seeds, lengths=(None,)):
+    """The runs of each case in todo x length x seed (with --switch, a first phase and its second
+    phases), each argv checked with configure.load first, so that a typo stops the comparison
+    before any run starts."""
     switches = list(itertools.product(*[parse_set(s) for s in args.switch])) if args.switch else []
     runs = []
-
-    def add(group, seed, name, argv, **extra_fields):
-        if any(r['name'] == name for r in runs):
-            raise UserError(f"two runs would share the folder {name}: give the configs distinct file names")
-        out_dir = os.path.join(args.out, name)
-        argv = [*argv, f'--seed={seed}', f'--out_dir={out_dir}']
-        runs.append(dict(group=group, seed=seed, name=name, argv=argv, out_dir=out_dir, cfg=load(argv, name),
-                         **extra_fields))
-        return runs[-1]
-
-    for c in cases:
+    for case in todo:
         for length in lengths:
-            setting = (*c['setting'], *((('max_iters', length),) if length else ()))
-            label = label_of(c['name'], setting)
+            setting = (*case.setting, *((('max_iters', length),) if length else ()))
+            label = label_of(case.name, setting)
             stem = label.replace(' ', '-').replace('=', '')
-            argv = [c['config'], *args.stack, *extra, *(f'--{k}={v}' for k, v in setting)]
-            own = dict(case=c['case'], length=length, setting=c['setting'], config_name=c['name'], set=c['set'])
+            argv = [case.config, *args.stack, *extra, *(f'--{k}={v}' for k, v in setting)]
             for seed in seeds:
-                if not switches:
-                    add(label, seed, f'{stem}-s{seed}', argv, **own)
-                    continue
-                cfg = load(argv, stem)
-                if not 0 < args.switch_at < cfg.max_iters:
-                    raise UserError(f"--switch_at={args.switch_at} must lie between 0 and max_iters={cfg.max_iters}")
-                decay = cfg.max_iters if cfg.lr_decay_iters is None else cfg.lr_decay_iters
-                first = add(None, seed, f'{stem}-first{args.switch_at}-s{seed}',
-                            [*argv, f'--max_iters={args.switch_at}',
-                             f'--lr_decay_iters={args.switch_at if args.switch_reset else decay}'])
-                for switch in switches:
-                    run = add(label + ' → ' + ' '.join(f"{k}={v}" for k, v in switch), seed,
-                              f"{stem}-then-{'-'.join(f'{k}{v}' for k, v in switch)}-s{seed}",
-                              [*argv, *(f'--{k}={v}' for k, v in switch), f'--lr_decay_iters={decay}'],
-                              after=first, reset=args.switch_reset, switch=tuple(switch), **own)
-                    problems = resume.problems(first['cfg'], run['cfg'])
-                    if problems:
-                        raise UserError(f"--switch: {run['name']} cannot continue {first['name']}: "
-                                        + '; '.join(problems))
+                if switches:
+                    add_phases(args, runs, switches, argv, stem, seed, case=case, group=label)
+                else:
+                    add_run(args, runs, f'{stem}-s{seed}', seed, argv, case=case, group=label, length=length)
     return runs
 
 
-def finished(run):
-    return any(r['iter'] == run['cfg'].max_iters and 'val_loss' in r for r in logs.read(run['out_dir']))
+def add_run(args, runs, name, seed, argv, **where):
+    """Appends to runs and returns the run of argv in OUT/name, its config loaded."""
+    if any(r.name == name for r in runs):
+        raise UserError(f"two runs would share the folder {name}: give the configs distinct file names")
+    out_dir = os.path.join(args.out, name)
+    argv = [*argv, f'--seed={seed}', f'--out_dir={out_dir}']
+    runs.append(Run(name, seed, argv, out_dir, load(argv, name), **where))
+    return runs[-1]
 
 
-def final_loss(run):
-    """A finished run's final val loss; inf for one that failed (diverged, say)."""
-    evals = logs.evaluations(logs.read(run['out_dir']))
-    return evals[-1][1] if finished(run) and math.isfinite(evals[-1][1]) else math.inf
+def add_phases(args, runs, switches, argv, stem, seed, case, group):
+    """A first phase up to --switch_at (in the full run's schedule, or a complete run of its own
+    with --switch_reset), then a second phase per --switch value that continues it to max_iters."""
+    cfg = load(argv, stem)
+    if not 0 < args.switch_at < cfg.max_iters:
+        raise UserError(f"--switch_at={args.switch_at} must lie between 0 and max_iters={cfg.max_iters}")
+    decay = cfg.max_iters if cfg.lr_decay_iters is None else cfg.lr_decay_iters
+    first_decay = args.switch_at if args.switch_reset else decay
+    first = add_run(args, runs, f'{stem}-first{args.switch_at}-s{seed}', seed,
+                [*argv, f'--max_iters={args.switch_at}', f'--lr_decay_iters={first_decay}'], case=case, group=None)
+    for switch in switches:
+        second = add_run(args, runs, f"{stem}-then-{'-'.join(f'{k}{v}' for k, v in switch)}-s{seed}", seed,
+                     [*argv, *(f'--{k}={v}' for k, v in switch), f'--lr_decay_iters={decay}'], case=case,
+                     group=group + ' → ' + ' '.join(f"{k}={v}" for k, v in switch), after=first,
+                     reset=args.switch_reset, switch=tuple(switch))
+        problems = resume.problems(first.cfg, second.cfg)
+        if problems:
+            raise UserError(f"--switch: {second.name} cannot continue {first.name}: " + '; '.join(problems))
 
 
 def tune(args, extra):
     """(the cases, each with the --tune setting of the lowest final val loss on the tuning seed
-    appended, and the tuning runs); a geometric grid whose best value lies on its edge is extended
-    (twice at most on a side)."""
+    appended; {tuning run's label: its final val loss}); a geometric grid whose best value lies on
+    its edge is extended (twice at most on a side)."""
     keys = [t.partition('=')[0] for t in args.tune]
-    grids = {c['case']: {k: [v for _, v in parse_set(t)] for k, t in zip(keys, args.tune)} for c in cases(args)}
+    grids = {c.label: {k: [v for _, v in parse_set(t)] for k, t in zip(keys, args.tune)} for c in cases(args)}
     added = {}
     while True:
-        todo = [dict(c, setting=(*c['setting'], *zip(grid, combo)), case=c['case'])
-                for c in cases(args) for grid in [grids[c['case']]] for combo in itertools.product(*grid.values())]
+        todo = [replace(c, setting=(*c.setting, *zip(grid, combo)))
+                for c in cases(args) for grid in [grids[c.label]] for combo in itertools.product(*grid.values())]
         runs = plan(args, extra, todo, [TUNING_SEED])
         execute(runs, args.nproc)
         best = {}
         for r in sorted(runs, key=final_loss):
-            best.setdefault(r['case'], dict(r['setting'][-len(keys):]))
-        wider = {case: {k: extend(vs, best[case][k], added, (case, k)) for k, vs in grid.items()}
-                 for case, grid in grids.items()}
+            best.setdefault(r.case.label, dict(r.case.setting[-len(keys):]))
+        wider = {label: {k: extend(vs, best[label][k], added, (label, k)) for k, vs in grid.items()}
+                 for label, grid in grids.items()}
         if wider == grids:
-            return [dict(c, setting=(*c['setting'], *best[c['case']].items()),
-                         case=label_of(c['case'], best[c['case']].items())) for c in cases(args)], runs
+            chosen = [replace(c, setting=(*c.setting, *best[c.label].items()),
+                              label=label_of(c.label, best[c.label].items())) for c in cases(args)]
+            return chosen, {r.group: final_loss(r) for r in runs}
         grids = wider
 
 
@@ -236,246 +335,298 @@ def extend(values, best, added, key, most=2):
     added[(key, side)] = added.get((key, side), 0) + 1
     return [*values, str(round(new)) if integers else f"{new:.12g}"]
 
+# ----------------------------------------------------------------------------- 3. running
+
+
+def finished(run):
+    return any(r['iter'] == run.cfg.max_iters and 'val_loss' in r for r in logs.read(run.out_dir))
+
+
+def final_loss(run):
+    """A finished run's final val loss; inf for one that failed (diverged, say)."""
+    evals = logs.evaluations(logs.read(run.out_dir))
+    return evals[-1][1] if finished(run) and math.isfinite(evals[-1][1]) else math.inf
+
 
 def execute(runs, nproc):
     """Run the unfinished runs, nproc at a time; records each one's exit status and wall time."""
     todo = [r for r in runs if not finished(r)]
     for r in runs:
         if r not in todo:
-            other = trained_otherwise(r)
-            if other:
-                raise UserError(f"{r['out_dir']} holds a run of another config ("
-                                + ', '.join(f"{k}: {ours!r} here, {theirs!r} there" for k, (ours, theirs) in other.items())
-                                + "); give this comparison another --out, or remove that folder to run it again")
-            print(f"{r['name']}: finished before, kept")
+            keep(r)
     env = dict(os.environ)
     env.setdefault('OMP_NUM_THREADS', str(max(1, (os.cpu_count() or 1) // nproc)))
-    gpus = torch.cuda.device_count()
     running = []
 
     def terminate(signum, frame):  # Ctrl-C in a terminal reaches the runs by itself, SIGTERM does not
-        for r in running:
-            r['proc'].terminate()
+        for job in running:
+            job.proc.terminate()
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, terminate)
     try:
-        launch(todo, running, nproc, env, gpus)
+        launch(todo, running, nproc, env, torch.cuda.device_count())
     except KeyboardInterrupt:  # let the runs save their checkpoints
-        for r in running:
-            r['proc'].wait()
+        for job in running:
+            job.proc.wait()
         raise SystemExit("interrupted; the same command resumes the unfinished runs")
 
 
-def start(r):
-    """train.py's argv for r. A second phase starts from a copy of its first phase's checkpoint
-    and log, and resets the optimizer (--switch_reset) only while that copy is its checkpoint."""
-    ckpt = os.path.join(r['out_dir'], 'ckpt.pt')
-    os.makedirs(r['out_dir'], exist_ok=True)
-    after = r.get('after')
-    if after and not os.path.exists(ckpt):
-        for f in ('ckpt.pt', 'log.jsonl'):
-            shutil.copy2(os.path.join(after['out_dir'], f), os.path.join(r['out_dir'], f))
-    resume = os.path.exists(ckpt)
-    reset = r.get('reset') and filecmp.cmp(ckpt, os.path.join(after['out_dir'], 'ckpt.pt'), shallow=False)
-    return ([sys.executable, os.path.join(ROOT, 'train.py'), *r['argv']] + (['--init_from=resume'] if resume else [])
-            + (['--reset_optimizer=True'] if reset else [])), resume
+def keep(run):
+    """A run that finished before is kept where its folder holds a run of its config."""
+    other = trained_otherwise(run)
+    if other:
+        raise UserError(f"{run.out_dir} holds a run of another config ("
+                        + ', '.join(f"{k}: {mine!r} here, {there!r} there" for k, (mine, there) in other.items())
+                        + "); give this comparison another --out, or remove that folder to run it again")
+    print(f"{run.name}: finished before, kept")
 
 
-def launch(todo, running, nproc, env, gpus):
-    """Keeps nproc runs going until every run in todo has ended; a second phase waits until its
-    first has exited and is dropped (reported as not run) when that one did not finish."""
-    slot = 0
-
-    def waits(r):  # its first phase has not exited: it logs its last evaluation before its checkpoint
-        return r.get('after') is not None and any(r['after'] is q for q in todo + running)
-
-    while todo or running:
-        for r in [r for r in todo if r.get('after') and not waits(r) and not finished(r['after'])]:
-            todo.remove(r)
-            print(f"{r['name']}: not run, its first phase {r['after']['name']} did not finish")
-        ready = [r for r in todo if not waits(r)]
-        while ready and len(running) < nproc:
-            r = ready.pop(0)
-            todo.remove(r)
-            argv, resume = start(r)
-            run_env = dict(env, CUDA_VISIBLE_DEVICES=str(slot % gpus)) if gpus > 1 else env
-            slot += 1
-            out = open(os.path.join(r['out_dir'], 'stdout.log'), 'a')
-            # if compare.py dies (SIGKILL included), its runs get SIGTERM: they save and stop
-            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=run_env,
-                                    preexec_fn=signals.stop_with_parent)
-            r['proc'], r['stdout'], r['t0'] = proc, out, time.time()
-            print(f"{r['name']}: {'resumed' if resume else 'started'}")
-            running.append(r)
-        time.sleep(0.2)
-        for r in [r for r in running if r['proc'].poll() is not None]:
-            running.remove(r)
-            r['stdout'].close()
-            status = {'returncode': r['proc'].returncode, 'wall_s': time.time() - r['t0'], 'argv': r['argv']}
-            with open(os.path.join(r['out_dir'], 'run.json'), 'w') as f:
-                json.dump(status, f)
-            print(f"{r['name']}: {'done' if finished(r) else 'FAILED'} (exit {status['returncode']}, {status['wall_s']:.0f} s)")
-
-
-def mean_std(values, fmt):
-    if not values:
-        return '-'
-    if len(values) == 1:
-        return fmt.format(values[0])
-    return f"{fmt.format(statistics.mean(values))} ± {fmt.format(statistics.stdev(values))}"
-
-
-def trained_otherwise(r):
-    """{key: (r's value, the value of the run in r's folder)} where the two configs differ, but for
-    out_dir: a folder may hold a run that another comparison trained with the same config (a link)."""
-    before = run_status(r)[3]
+def trained_otherwise(run):
+    """{key: (run's value, the value of the run in run's folder)} where the two configs differ, but
+    for out_dir: a folder may hold a run that another comparison trained with the same config (a link)."""
+    before = Status.read(run).argv
     if before is None:  # never run by compare.py
         return {}
-    ours, theirs = asdict(r['cfg']), asdict(load(before, r['name']))
+    ours, theirs = asdict(run.cfg), asdict(load(before, run.name))
     return {k: (ours[k], theirs[k]) for k in ours if k != 'out_dir' and ours[k] != theirs[k]}
 
 
-def run_status(r):
-    """(exit status or None when never run, wall seconds or None, the last 3 lines it printed, the
-    train.py arguments it ran with or None)."""
-    try:
-        with open(os.path.join(r['out_dir'], 'run.json')) as f:
-            status = json.load(f)
-    except (OSError, json.JSONDecodeError):  # never run, or run by train.py itself
-        status = {}
-    try:
-        with open(os.path.join(r['out_dir'], 'stdout.log')) as f:
-            tail = ' | '.join(line.strip() for line in f.read().splitlines()[-3:])
-    except OSError:
-        tail = ''
-    return status.get('returncode'), status.get('wall_s'), tail, status.get('argv')
+def start(run):
+    """(train.py's argv for run, whether it resumes). A second phase starts from a copy of its first
+    phase's checkpoint and log, and resets the optimizer (--switch_reset) only while that copy is
+    its checkpoint."""
+    ckpt = os.path.join(run.out_dir, 'ckpt.pt')
+    os.makedirs(run.out_dir, exist_ok=True)
+    if run.after and not os.path.exists(ckpt):
+        for f in ('ckpt.pt', 'log.jsonl'):
+            shutil.copy2(os.path.join(run.after.out_dir, f), os.path.join(run.out_dir, f))
+    resuming = os.path.exists(ckpt)
+    reset = run.reset and filecmp.cmp(ckpt, os.path.join(run.after.out_dir, 'ckpt.pt'), shallow=False)
+    return ([sys.executable, os.path.join(ROOT, 'train.py'), *run.argv] + (['--init_from=resume'] if resuming else [])
+            + (['--reset_optimizer=True'] if reset else [])), resuming
 
 
-def summarise(runs):
-    """{group: {'ok': [per-run numbers], 'failed': [(name, why, tail)], 'unit', 'case', 'length',
-    'params'}} in plan order; a second phase's wall time includes its first phase's."""
-    groups = {}
-    for r in runs:
-        if r['group'] is None:
+def launch(todo, running, nproc, env, gpus):
+    """Keeps nproc runs going (Jobs in running) until every run in todo has ended; a second phase
+    waits until its first has exited and is dropped (reported as not run) when that one did not
+    finish."""
+    slot = 0
+
+    def waits(run):  # its first phase has not exited: it logs its last evaluation before its checkpoint
+        return run.after is not None and any(run.after is r for r in todo + [job.run for job in running])
+
+    while todo or running:
+        for run in [r for r in todo if r.after and not waits(r) and not finished(r.after)]:
+            todo.remove(run)
+            print(f"{run.name}: not run, its first phase {run.after.name} did not finish")
+        ready = [r for r in todo if not waits(r)]
+        while ready and len(running) < nproc:
+            run = ready.pop(0)
+            todo.remove(run)
+            running.append(spawn(run, dict(env, CUDA_VISIBLE_DEVICES=str(slot % gpus)) if gpus > 1 else env))
+            slot += 1
+        time.sleep(0.2)
+        for job in [j for j in running if j.proc.poll() is not None]:
+            running.remove(job)
+            ended(job)
+
+
+def spawn(run, env):
+    """Starts run's train.py, its output appended to its stdout.log."""
+    argv, resuming = start(run)
+    out = open(os.path.join(run.out_dir, 'stdout.log'), 'a')
+    # if compare.py dies (SIGKILL included), its runs get SIGTERM: they save and stop
+    proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=signals.stop_with_parent)
+    print(f"{run.name}: {'resumed' if resuming else 'started'}")
+    return Job(run, proc, out, time.time())
+
+
+def ended(job):
+    """Writes a run's run.json (its exit status, wall time and arguments) once its process exited."""
+    job.stdout.close()
+    status = {'returncode': job.proc.returncode, 'wall_s': time.time() - job.t0, 'argv': job.run.argv}
+    with open(os.path.join(job.run.out_dir, 'run.json'), 'w') as f:
+        json.dump(status, f)
+    print(f"{job.run.name}: {'done' if finished(job.run) else 'FAILED'} (exit {status['returncode']}, "
+          f"{status['wall_s']:.0f} s)")
+
+# ----------------------------------------------------------------------------- 4. reading the runs back
+
+
+def read_rows(runs):
+    """{label: Row} in plan order, from the runs' folders; first phases count in no row."""
+    rows = {}
+    for run in runs:
+        if run.group is None:
             continue
-        g = groups.setdefault(r['group'], {'ok': [], 'failed': [], 'unit': None, 'case': r['case'],
-                                           'name': r['config_name'], 'set': r['set'], 'length': r['length'],
-                                           'switch': r.get('switch', ()), 'params': None})
-        log = logs.read(r['out_dir'])
-        g['params'] = g['params'] or next((x['parameters'] for x in log if x.get('event') == 'start'), None)
-        evals = [x for x in log if 'val_loss' in x]
-        code, wall, tail, _ = run_status(r)
-        if not finished(r):
-            after = r.get('after')
-            if code is None and after and not finished(after):
-                code, _, tail, _ = run_status(after)
-                why = f"its first phase {after['name']} did not finish" + ('' if code is None else f", exit {code}")
-            else:
-                why = 'not run' if code is None else f"exit {code}" + (', stopped before max_iters' if code == 0 else '')
-            g['failed'].append((r['name'], why, tail))
-            continue
-        if r.get('after') and wall is not None:
-            first_wall = run_status(r['after'])[1]
-            wall = None if first_wall is None else wall + first_wall
-        unit = next((k[:-len('_per_s')] for x in log for k in x if k.endswith('_per_s')), None)
-        g['unit'] = unit
-        rates = [x[f'{unit}_per_s'] for x in log if f'{unit}_per_s' in x]
-        steps = [x['ms_per_iter'] for x in log if 'ms_per_iter' in x]
-        g['ok'].append(dict(
-            seed=r['seed'], best=min(x['val_loss'] for x in evals), final=evals[-1]['val_loss'],
-            top1=evals[-1].get('top1'), top5=evals[-1].get('top5'), wall=wall,
-            rate=statistics.median_high(rates) if rates else None,
-            ms=statistics.median_high(steps) if steps else None, curve=logs.evaluations(log)))
-    return groups
+        row = rows.setdefault(run.group, Row(run.group, run.case, run.length, run.switch))
+        log = logs.read(run.out_dir)
+        row.params = row.params or next((x['parameters'] for x in log if x.get('event') == 'start'), None)
+        if finished(run):
+            row.results.append(result(run, log))
+        else:
+            row.failed.append(failure(run))
+    return rows
 
 
-def reached(groups, label):
-    """(target, {group: [per seed, the first evaluated iteration whose val loss is at most target,
-    or None]}), target being the mean final val loss of group `label`."""
-    try:
-        target = float(label)
-    except ValueError:
-        if not groups.get(label, {}).get('ok'):
-            raise UserError(f"--reach {label!r} names no finished group; the groups: {', '.join(groups)}")
-        target = statistics.mean(r['final'] for r in groups[label]['ok'])
-    return target, {name: [next((it for it, loss, _ in r['curve'] if loss <= target), None) for r in g['ok']]
-                    for name, g in groups.items()}
+def result(run, log):
+    """A finished run's Result; a second phase's wall time includes its first phase's."""
+    evals = [x for x in log if 'val_loss' in x]
+    wall = Status.read(run).wall_s
+    if run.after and wall is not None:
+        first_wall = Status.read(run.after).wall_s
+        wall = None if first_wall is None else wall + first_wall
+    unit = next((k[:-len('_per_s')] for x in log for k in x if k.endswith('_per_s')), None)
+    rates = [x[f'{unit}_per_s'] for x in log if f'{unit}_per_s' in x]
+    steps = [x['ms_per_iter'] for x in log if 'ms_per_iter' in x]
+    return Result(seed=run.seed, best=min(x['val_loss'] for x in evals), final=evals[-1]['val_loss'],
+                  top1=evals[-1].get('top1'), top5=evals[-1].get('top5'), wall=wall, unit=unit,
+                  rate=statistics.median_high(rates) if rates else None,
+                  ms=statistics.median_high(steps) if steps else None, curve=logs.evaluations(log))
 
 
-def paired(g, base):
-    """(mean, standard error, n) of g's final val loss minus base's over the seeds both finished."""
-    mine, theirs = ({r['seed']: r['final'] for r in x['ok']} for x in (g, base))
+def failure(run):
+    """Why run did not finish: its own exit, or, never run, its first phase's."""
+    status = Status.read(run)
+    if status.returncode is None and run.after and not finished(run.after):
+        first = Status.read(run.after)
+        why = f"its first phase {run.after.name} did not finish" + (
+            '' if first.returncode is None else f", exit {first.returncode}")
+        return Failure(run.name, why, first.tail)
+    why = 'not run' if status.returncode is None else f"exit {status.returncode}" + (
+        ', stopped before max_iters' if status.returncode == 0 else '')
+    return Failure(run.name, why, status.tail)
+
+# ----------------------------------------------------------------------------- 5. analysis
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A mean over n seeds with its spread: the sample std of the values, or the standard error of
+    a paired difference; spread None for a single seed."""
+    mean: float
+    spread: float | None
+    n: int
+
+
+@dataclass
+class Summary:
+    """A row's numbers over its finished seeds: each None where there is none."""
+    best: Estimate | None  # best val loss, mean ± std
+    final: Estimate | None  # final val loss, mean ± std
+    top1: Estimate | None
+    top5: Estimate | None
+    diff: Estimate | None  # final val loss minus its baseline's, paired by seed: mean ± s.e.
+    reached: list  # per seed, the first evaluated iteration at most at the --reach target (None: never)
+    rate: float | None  # the median of the runs' throughputs
+    unit: str | None  # that of the last finished run
+    wall: float | None  # the runs' mean wall time
+
+
+@dataclass
+class Speedup:
+    """A case's row in the speedup table: the nGPT paper's protocol (module docstring)."""
+    case: str
+    params: int | None
+    finals: dict  # {length: Estimate of the final val loss, or None}
+    target: float  # the baseline's mean final val loss at the longest length
+    steps: float  # where the case reaches the target (how: '=' interpolated, '<=' or '>' a bound)
+    how: str
+    in_steps: float | None  # the longest length over steps, where reached
+    ms: float | None  # the median ms/iter of its runs
+    time: float | None  # seconds to the target, where reached and its baseline is timed
+    in_time: float | None
+
+
+@dataclass
+class Analysis:
+    """Everything results.md reports of the rows, as numbers."""
+    baseline: str  # its selector, as the table's head names it
+    target: float | None  # --reach's val loss
+    summaries: dict  # {row's label: Summary}
+    lengths: list | None = None  # with the speedup table: its lengths and rows
+    speedups: list | None = None
+
+
+def analyse(rows, baseline=None, reach=None, by_length=False):
+    """The Analysis of rows: their summaries against --baseline and --reach and, by_length (two
+    --lengths or more), the nGPT protocol's speedups."""
+    target = reach_target(rows, reach) if reach else None
+    base, against = baseline_of(rows, baseline)
+    summaries = {label: summary(row, rows[against[label]] if against[label] not in (None, label) else None, target)
+                 for label, row in rows.items()}
+    analysis = Analysis(base, target, summaries)
+    if by_length:
+        analysis.lengths, analysis.speedups = speedups(rows, against)
+    return analysis
+
+
+def estimate(values):
+    """Mean ± sample std of values; None for none."""
+    if not values:
+        return None
+    return Estimate(statistics.mean(values), statistics.stdev(values) if len(values) > 1 else None, len(values))
+
+
+def paired(row, base):
+    """Row's final val loss minus base's over the seeds both finished: mean ± standard error
+    (std / sqrt(n)); None for no common seed."""
+    mine, theirs = ({r.seed: r.final for r in x.results} for x in (row, base))
     diffs = [mine[s] - theirs[s] for s in mine if s in theirs]
     if not diffs:
         return None
-    se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else math.nan
-    return statistics.mean(diffs), se, len(diffs)
+    return Estimate(statistics.mean(diffs), statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else None,
+                    len(diffs))
 
 
-def baseline_of(groups, selector):
-    """(the baseline's label, {group: the baseline's group at the same length and switch value}).
-    selector: a config's file name, compared at each row's own --set values (the first config's
-    by default), or 'CONFIG k=v ...', that config at the --set values it names and at each row's
-    own values of the others."""
-    name, *picks = (selector or next(iter(groups.values()))['name']).split()
+def mean_final(row):
+    return statistics.mean(r.final for r in row.results)
+
+
+def summary(row, base, target):
+    """Row's Summary; base: its baseline's row (None: no paired difference); target: --reach's."""
+    ok = row.results
+    rates, walls = [r.rate for r in ok if r.rate], [r.wall for r in ok if r.wall is not None]
+    return Summary(
+        best=estimate([r.best for r in ok]), final=estimate([r.final for r in ok]),
+        top1=estimate([r.top1 for r in ok if r.top1 is not None]),
+        top5=estimate([r.top5 for r in ok if r.top5 is not None]),
+        diff=paired(row, base) if base else None,
+        reached=[] if target is None else [next((it for it, loss, _ in r.curve if loss <= target), None) for r in ok],
+        rate=statistics.median_high(rates) if rates else None, unit=ok[-1].unit if ok else None,
+        wall=statistics.mean(walls) if walls else None)
+
+
+def reach_target(rows, reach):
+    """--reach's val loss: a number, or a row's mean final val loss."""
+    try:
+        return float(reach)
+    except ValueError:
+        if reach not in rows or not rows[reach].results:
+            raise UserError(f"--reach {reach!r} names no finished group; the groups: {', '.join(rows)}") from None
+        return mean_final(rows[reach])
+
+
+def baseline_of(rows, selector):
+    """(the baseline's label, {row: the label of the baseline's row at the same length and switch
+    value, or None}). selector: a config's file name, compared at each row's own --set values (the
+    first config's by default), or 'CONFIG k=v ...', that config at the --set values it names and at
+    each row's own values of the others."""
+    name, *picks = (selector or next(iter(rows.values())).case.name).split()
     if not all('=' in p for p in picks):
         raise UserError(f"--baseline {selector!r}: write CONFIG or 'CONFIG key=value ...' (a --set value)")
     picks = dict(p.split('=', 1) for p in picks)
 
-    def key(g):
-        return tuple((k, v) for k, v in g['set'] if k not in picks), g['length'], g['switch']
-    at = {key(g): label for label, g in groups.items() if g['name'] == name and picks.items() <= dict(g['set']).items()}
+    def key(row):
+        return tuple((k, v) for k, v in row.case.set if k not in picks), row.length, row.switch
+    at = {key(row): label for label, row in rows.items()
+          if row.case.name == name and picks.items() <= dict(row.case.set).items()}
     if not at:
         raise UserError(f"--baseline {selector!r} names no row; the configs: "
-                        f"{', '.join(dict.fromkeys(g['name'] for g in groups.values()))}")
-    return ' '.join([name, *(f'{k}={v}' for k, v in picks.items())]), {label: at.get(key(g)) for label, g in groups.items()}
-
-
-def table(groups, baseline=None, reach=None, timed=True):
-    """The results table: parameters, best and final val loss, the paired difference of the final
-    one against the baseline; with reach (a group's label) a column of when each seed first reached
-    that group's mean final val loss; timed: the runs' throughput and wall time."""
-    images = any(r['top1'] is not None for g in groups.values() for r in g['ok'])
-    target, when = reached(groups, reach) if reach else (None, {})
-    base, against = baseline_of(groups, baseline)
-    head = ['run', 'parameters', 'seeds', 'best val loss', 'final val loss'] + \
-        (['top-1 %', 'top-5 %'] if images else []) + [f"Δ final vs `{base}` (paired, ± s.e.)"] + \
-        ([f"reaches {target:.4f} at (per seed)"] if reach else []) + \
-        (['throughput (median)', 'wall time (mean)'] if timed else [])
-    lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
-    notes = []
-    for label, g in groups.items():
-        ok = g['ok']
-        cells = [f"`{label}`", f"{g['params']:,}" if g['params'] else '-', f"{len(ok)}/{len(ok) + len(g['failed'])}",
-                 mean_std([r['best'] for r in ok], '{:.4f}'), mean_std([r['final'] for r in ok], '{:.4f}')]
-        if images:
-            cells += [mean_std([r['top1'] for r in ok if r['top1'] is not None], '{:.2f}'),
-                      mean_std([r['top5'] for r in ok if r['top5'] is not None], '{:.2f}')]
-        diff = paired(g, groups[against[label]]) if against[label] and against[label] != label else None
-        cells.append('-' if diff is None else f"{diff[0]:+.4f} ± {diff[1]:.4f} (n={diff[2]})" if diff[2] > 1 else
-                     f"{diff[0]:+.4f} (n=1)")
-        if reach:
-            cells.append(', '.join('not reached' if it is None else str(it) for it in when[label]) or '-')
-        if timed:
-            rates, walls = [r['rate'] for r in ok if r['rate']], [r['wall'] for r in ok if r['wall'] is not None]
-            cells += [f"{statistics.median_high(rates):,.0f} {g['unit']}/s" if rates else '-',
-                      f"{statistics.mean(walls):.0f} s" if walls else '-']
-        lines.append('| ' + ' | '.join(cells) + ' |')
-        notes += [f"- `{name}` failed ({why}): {tail}" for name, why, tail in g['failed']]
-    return '\n'.join(lines + ([''] + notes if notes else [])) + '\n'
-
-
-def tuning_table(runs, chosen):
-    """Each tuning run's final val loss, the chosen setting of each case in bold."""
-    lines = ['| tuning run (seed 1337) | final val loss |', '|---|---|']
-    picked = {label_of(c['name'], c['setting']) for c in chosen}
-    for r in runs:
-        loss = final_loss(r)
-        label = r['group']
-        cell = f"{loss:.4f}" if math.isfinite(loss) else 'failed or not finite'
-        lines.append(f"| `{label}` | {'**' + cell + '**' if label in picked else cell} |")
-    return '\n'.join(lines) + '\n'
+                        f"{', '.join(dict.fromkeys(row.case.name for row in rows.values()))}")
+    against = {label: at.get(key(row)) for label, row in rows.items()}
+    return ' '.join([name, *(f'{k}={v}' for k, v in picks.items())]), against
 
 
 def crossing(points, target):
@@ -491,45 +642,137 @@ def crossing(points, target):
     return points[-1][0], '>'
 
 
-def speedup_table(groups, baseline, timed):
-    """The nGPT paper's protocol (module docstring): the steps (and time) at which each case's mean
-    final val loss reaches the baseline's (baseline_of) at the longest length."""
-    name, against = baseline_of(groups, baseline)
+def speedups(rows, against):
+    """(the lengths, a Speedup per case whose baseline finished at the longest length)."""
     by_case = {}
-    for label, g in groups.items():
-        by_case.setdefault(g['case'], {})[g['length']] = label
-    lengths = sorted({n for runs in by_case.values() for n in runs})
+    for row in rows.values():
+        by_case.setdefault(row.case.label, {})[row.length] = row
+    lengths = sorted({n for at in by_case.values() for n in at})
+    found = [speedup(case, at, lengths[-1], rows, against) for case, at in by_case.items()]
+    return lengths, [s for s in found if s]
+
+
+def speedup(case, at, longest, rows, against):
+    """case's Speedup from its rows at each length (at: {length: Row}); None without a target."""
+    base = against[at[longest].label] if longest in at else None
+    points = [(n, mean_final(row)) for n, row in at.items() if row.results]
+    if base is None or not rows[base].results or not points:
+        return None
+    target = mean_final(rows[base])
+    steps, how = crossing(points, target)
+    ms, base_ms = ms_of(at.values()), ms_of([rows[against[row.label]] for row in at.values() if against[row.label]])
+    known = how == '=' and ms and base_ms
+    return Speedup(case, params=next(iter(at.values())).params,
+                   finals={n: estimate([r.final for r in row.results]) for n, row in at.items()},
+                   target=target, steps=steps, how=how, in_steps=longest / steps if how == '=' else None, ms=ms,
+                   time=steps * ms / 1e3 if known else None,
+                   in_time=longest * base_ms / (steps * ms) if known else None)
+
+
+def ms_of(rows):
+    """The median ms/iter of the rows' finished runs; None where none was timed."""
+    ms = [r.ms for row in rows for r in row.results if r.ms]
+    return statistics.median(ms) if ms else None
+
+# ----------------------------------------------------------------------------- 6. rendering
+
+
+def markdown(head, body):
+    """The lines of a markdown table."""
+    return ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head),
+            *('| ' + ' | '.join(cells) + ' |' for cells in body)]
+
+
+def shown(e, fmt):
+    """An Estimate as 'mean ± std' (or the value alone, for one seed); '-' for none."""
+    if e is None:
+        return '-'
+    return fmt.format(e.mean) if e.spread is None else f"{fmt.format(e.mean)} ± {fmt.format(e.spread)}"
+
+
+def shown_diff(e):
+    if e is None:
+        return '-'
+    return f"{e.mean:+.4f} (n=1)" if e.spread is None else f"{e.mean:+.4f} ± {e.spread:.4f} (n={e.n})"
+
+
+def table(rows, analysis, reach=False, timed=True):
+    """The results table: parameters, best and final val loss, the paired difference of the final
+    one against the baseline; with reach a column of when each seed first reached the target;
+    timed: the runs' throughput and wall time. The failed runs are named under it."""
+    images = any(s.top1 is not None for s in analysis.summaries.values())
+    head = ['run', 'parameters', 'seeds', 'best val loss', 'final val loss'] + \
+        (['top-1 %', 'top-5 %'] if images else []) + [f"Δ final vs `{analysis.baseline}` (paired, ± s.e.)"] + \
+        ([f"reaches {analysis.target:.4f} at (per seed)"] if reach else []) + \
+        (['throughput (median)', 'wall time (mean)'] if timed else [])
+    body = [row_cells(row, analysis.summaries[label], images, reach, timed) for label, row in rows.items()]
+    notes = [f"- `{f.name}` failed ({f.why}): {f.tail}" for row in rows.values() for f in row.failed]
+    return '\n'.join(markdown(head, body) + ([''] + notes if notes else [])) + '\n'
+
+
+def row_cells(row, s, images, reach, timed):
+    """A row's cells of the results table, s being its Summary."""
+    n = len(row.results)
+    cells = [f"`{row.label}`", f"{row.params:,}" if row.params else '-', f"{n}/{n + len(row.failed)}",
+             shown(s.best, '{:.4f}'), shown(s.final, '{:.4f}')]
+    if images:
+        cells += [shown(s.top1, '{:.2f}'), shown(s.top5, '{:.2f}')]
+    cells.append(shown_diff(s.diff))
+    if reach:
+        cells.append(', '.join('not reached' if it is None else str(it) for it in s.reached) or '-')
+    if timed:
+        cells += [f"{s.rate:,.0f} {s.unit}/s" if s.rate else '-', f"{s.wall:.0f} s" if s.wall is not None else '-']
+    return cells
+
+
+def tuning_table(losses, picked):
+    """Each tuning run's final val loss ({label: loss}), the chosen setting of each case (picked) in bold."""
+    body = []
+    for label, loss in losses.items():
+        cell = f"{loss:.4f}" if math.isfinite(loss) else 'failed or not finite'
+        body.append([f"`{label}`", f"**{cell}**" if label in picked else cell])
+    return '\n'.join(markdown([f'tuning run (seed {TUNING_SEED})', 'final val loss'], body)) + '\n'
+
+
+def speedup_table(rows, analysis, timed):
+    """The nGPT paper's protocol (module docstring): the steps (and time) at which each case's mean
+    final val loss reaches the baseline's at the longest length."""
+    lengths, name = analysis.lengths, analysis.baseline
     longest = lengths[-1]
     head = ['method', 'parameters'] + [f"final val loss, {n} steps" for n in lengths] + \
-        ['baseline at {longest}'.format(longest=longest), 'steps to it', 'speedup in steps'] + \
+        [f'baseline at {longest}', 'steps to it', 'speedup in steps'] + \
         (['ms/iter', 'time to it', 'speedup in time'] if timed else [])
-    whose = " (at the row's --set values)" if ' ' not in name and any(g['set'] for g in groups.values()) else ''
-    lines = [f"Target of each row: the final val loss of `{name}`{whose} at {longest} steps, mean over seeds.", '',
-             '| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
-
-    def ms_of(labels):
-        ms = [r['ms'] for label in labels for r in groups[label]['ok'] if r['ms']]
-        return statistics.median(ms) if ms else None
-    for case, runs in by_case.items():
-        base = against[runs[longest]] if longest in runs else None
-        points = [(n, statistics.mean(r['final'] for r in groups[label]['ok'])) for n, label in runs.items()
-                  if groups[label]['ok']]
-        if base is None or not groups[base]['ok'] or not points:
-            continue
-        target = statistics.mean(r['final'] for r in groups[base]['ok'])
-        steps, how = crossing(points, target)
-        params = groups[next(iter(runs.values()))]['params']
-        cells = [f"`{case}`", f"{params:,}" if params else '-'] + \
-            [mean_std([r['final'] for r in groups[runs[n]]['ok']], '{:.4f}') if n in runs else '-' for n in lengths]
-        shown = {'<=': f"≤ {steps:.0f}", '=': f"{steps:.0f}", '>': f"> {steps:.0f} (not reached)"}[how]
-        cells += [f"{target:.4f}", shown, f"{longest / steps:.2f}x" if how == '=' else '-']
+    whose = " (at the row's --set values)" if ' ' not in name and any(row.case.set for row in rows.values()) else ''
+    body = []
+    for s in analysis.speedups:
+        steps = {'<=': f"≤ {s.steps:.0f}", '=': f"{s.steps:.0f}", '>': f"> {s.steps:.0f} (not reached)"}[s.how]
+        cells = [f"`{s.case}`", f"{s.params:,}" if s.params else '-',
+                 *(shown(s.finals.get(n), '{:.4f}') for n in lengths), f"{s.target:.4f}", steps, '-' if s.in_steps is None else f"{s.in_steps:.2f}x"]
         if timed:
-            ms, base_ms = ms_of(runs.values()), ms_of([against[label] for label in runs.values() if against[label]])
-            known = how == '=' and ms and base_ms
-            cells += [f"{ms:.1f}" if ms else '-', f"{steps * ms / 1e3:.0f} s" if known else '-',
-                      f"{longest * base_ms / (steps * ms):.2f}x" if known else '-']
-        lines.append('| ' + ' | '.join(cells) + ' |')
-    return '\n'.join(lines) + '\n'
+            cells += [f"{s.ms:.1f}" if s.ms else '-', '-' if s.time is None else f"{s.time:.0f} s",
+                      '-' if s.in_time is None else f"{s.in_time:.2f}x"]
+        body.append(cells)
+    return '\n'.join([f"Target of each row: the final val loss of `{name}`{whose} at {longest} steps, mean over seeds.",
+                      '', *markdown(head, body)]) + '\n'
+
+
+def report(args, command, rows, analysis, tuning, picked):
+    """results.md: the command, the tuning table, what the runs' protocol and timing were, the
+    results table and, with two --lengths or more, the speedup table."""
+    timed = args.nproc == 1
+    protocol = '' if not args.switch else (
+        f"Second phases continue their first phase's checkpoint from iteration {args.switch_at} "
+        + ("with a fresh optimizer and learning-rate schedule.\n\n" if args.switch_reset
+           else "with its optimizer state and learning-rate schedule.\n\n"))
+    reach = '' if not args.reach else (
+        f"The reach column: the first evaluation at which each seed's val loss is at most "
+        f"{analysis.target:.4f} (`{args.reach}`).\n\n")
+    untimed = '' if timed else f"The {args.nproc} runs at a time shared the machine: nothing is timed.\n\n"
+    return (f"`{command}`\n\n" + (tuning_table(tuning, picked) + '\n' if tuning else '') + protocol + reach + untimed
+            + table(rows, analysis, bool(args.reach), timed)
+            + ('\n' + speedup_table(rows, analysis, timed) if analysis.speedups is not None else ''))
+
+# ----------------------------------------------------------------------------- 7. the command
 
 
 def parse_args(argv):
@@ -583,30 +826,20 @@ def main(argv=None):
 
 
 def compare(args, extra, argv):
-    """main()'s comparison, its --out held: the runs, results.md and curves.png; the groups."""
-    chosen, tuning = tune(args, extra) if args.tune else (cases(args), [])
+    """main()'s comparison, its --out held: the runs, results.md and curves.png; the rows."""
+    chosen, tuning = tune(args, extra) if args.tune else (cases(args), {})
     runs = plan(args, extra, chosen, SEEDS[:args.seeds], args.lengths or (None,))
     execute(runs, args.nproc)
-    groups = summarise(runs)
+    rows = read_rows(runs)
+    analysis = analyse(rows, args.baseline, args.reach, by_length=bool(args.lengths) and len(args.lengths) > 1)
     command = 'python tools/compare.py ' + shlex.join(sys.argv[1:] if argv is None else argv)
-    timed = args.nproc == 1
-    protocol = '' if not args.switch else (
-        f"Second phases continue their first phase's checkpoint from iteration {args.switch_at} "
-        + ("with a fresh optimizer and learning-rate schedule.\n\n" if args.switch_reset
-           else "with its optimizer state and learning-rate schedule.\n\n"))
-    reach = '' if not args.reach else (
-        f"The reach column: the first evaluation at which each seed's val loss is at most "
-        f"{reached(groups, args.reach)[0]:.4f} (`{args.reach}`).\n\n")
-    untimed = '' if timed else f"The {args.nproc} runs at a time shared the machine: nothing is timed.\n\n"
-    text = (f"`{command}`\n\n" + (tuning_table(tuning, chosen) + '\n' if tuning else '') + protocol + reach + untimed
-            + table(groups, args.baseline, args.reach, timed)
-            + ('\n' + speedup_table(groups, args.baseline, timed) if args.lengths and len(args.lengths) > 1 else ''))
+    text = report(args, command, rows, analysis, tuning, {c.label for c in chosen})
     with open(os.path.join(args.out, 'results.md'), 'w') as f:
         f.write(text)
     print(text)
-    plots.curves({label: [r['curve'] for r in g['ok']] for label, g in groups.items()},
+    plots.curves({label: [r.curve for r in row.results] for label, row in rows.items()},
                  os.path.join(args.out, 'curves.png'), args.switch_at)
-    return groups
+    return rows
 
 
 if __name__ == '__main__':

@@ -35,6 +35,10 @@ from orthogpt.errors import UserError  # noqa: E402
 def load_examples(path, split, limit):
     """The examples as dicts with 'ctx', 'endings' and 'label' (an int)."""
     if path:
+        if not os.path.isfile(path):
+            raise UserError(f"--data {path}: no such file; it is the original release's hellaswag_val.jsonl "
+                            f"(https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl), "
+                            f"or leave --data out to read Rowan/hellaswag through datasets")
         with open(path, encoding='utf-8') as f:
             rows = [json.loads(line) for line in f if line.strip()]
     else:

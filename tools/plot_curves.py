@@ -1,7 +1,7 @@
 """Validation curves of runs, from their log.jsonl, in one figure (drawn as tools/compare.py draws them).
 
     python tools/plot_curves.py out-shakespeare-add out-shakespeare-rot --out out-plots/curves.png
-    python tools/plot_curves.py docs/h100_shakespeare/*.jsonl --out out-plots/h100_shakespeare.png
+    python tools/plot_curves.py docs/logs/h100_shakespeare/*.jsonl --out out-plots/h100_shakespeare.png
 
 Each argument is a run's out_dir or a copy of its log.jsonl; the legend names it by its folder
 or file name. A run with no evaluation logged is skipped with a message.

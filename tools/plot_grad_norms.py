@@ -34,8 +34,8 @@ from orthogpt.rng import seed_all  # noqa: E402
 from orthogpt.tasks import make_task  # noqa: E402
 
 
-def build(cfg, step, ckpt_path):
-    """The model to measure and the task that gives its training batches."""
+def build(cfg, step, ckpt_path, tick=lambda: None):
+    """The model to measure and the task that gives its training batches; tick() after each step."""
     device = resolve_device(cfg.device)
     task = make_task(cfg, device)
     seed_all(cfg.seed)
@@ -48,6 +48,7 @@ def build(cfg, step, ckpt_path):
         schedule(optimizer, it, task.cfg)
         train_step(model, optimizer, scaler, task.next_batch, task.cfg.gradient_accumulation_steps,
                    task.cfg.grad_clip, nullcontext())
+        tick()
     return model, task
 
 
@@ -63,16 +64,25 @@ def load_config(path, sigma, seed, overrides, ckpt_path):
     return cfg
 
 
-def measure(model, task, batches):
-    """(2L, batches) gradient norms, one column per batch."""
+def measure(model, task, batches, tick=lambda: None):
+    """(2L, batches) gradient norms, one column per batch; tick() after each batch. The backward
+    pass computes d loss / d x^(l) alone, not the parameters' gradients, which the norms do not
+    need: the same norms for about a third less work."""
     cols = []
     for _ in range(batches):
         x, y = task.next_batch()
-        with diagnostics.residual_grads(model) as grads:
-            _, loss = model(x, y)
-            loss.backward()
-        model.zero_grad(set_to_none=True)
+        streams = []  # every update's output x^(l), what the gradient is taken with respect to
+        keep = [m.register_forward_hook(lambda module, inputs, out: streams.append(out))
+                for _, _, m in diagnostics.updates(model)]
+        try:
+            with diagnostics.residual_grads(model) as grads:
+                _, loss = model(x, y)
+                torch.autograd.grad(loss, streams, allow_unused=True)
+        finally:
+            for h in keep:
+                h.remove()
         cols.append(torch.stack(grads).tolist())
+        tick()
     return [list(row) for row in zip(*cols)]
 
 
@@ -96,11 +106,13 @@ def main(argv=None):
     sweep = [None] if args.sigma_w is None else [float(v) for v in args.sigma_w.split(',')]
     jobs = [(path, sigma, seed) for path in files for sigma in sweep for seed in range(args.seeds)]
     lines = {}  # (path, sigma) -> (config, per layer: the norms of every batch and seed)
-    with progress.bar(jobs, 'measuring') as bar:
-        for path, sigma, seed in bar:
+    # the bar counts batches (the training steps' and the measured ones), for an ETA within seconds
+    with progress.bar(total=len(jobs) * (args.step + args.batches), desc='measuring', unit='batch') as bar:
+        tick = lambda: bar.update(1)  # noqa: E731
+        for path, sigma, seed in jobs:
             cfg = load_config(path, sigma, seed, overrides, args.ckpt)
-            model, task = build(cfg, args.step, args.ckpt)
-            norms = measure(model, task, args.batches)
+            model, task = build(cfg, args.step, args.ckpt, tick)
+            norms = measure(model, task, args.batches, tick)
             cfg, samples = lines.get((path, sigma), (cfg, [[] for _ in norms]))
             lines[path, sigma] = cfg, [a + b for a, b in zip(samples, norms)]
 

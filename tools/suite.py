@@ -23,12 +23,23 @@ gathers them, each with its command and wall time, in the form the docs' GPU sec
                        six at a time on the one GPU; the paper's best val loss lies near iteration
                        750. Tiny Shakespeare must be prepared or at data/shakespeare_char/input.txt
                        (a lent GPU machine has no network).
-The stage limits add up to more than one command may run on a lent machine (10 minutes): run the wide and
-shakespeare stages as calls of their own (--stages=wide, --stages=shakespeare).
+  miniseries           tools/miniseries.py: the CPU scaling miniseries' rules (config/shakespeare_<rule>.py:
+                       additive, orthogonal, rotation, nGPT, hc, mhc) on GPT-2 BPE, FineWeb-edu's token shards
+                       (--bpe_data, default data/fineweb-edu: python data/prepare_text.py --dataset fineweb-edu),
+                       at depths 2-5 (n_embd 128-320, 20 tokens per block parameter: 8M to 123M tokens a run),
+                       seed 1, four runs at a time: loss against compute fitted per rule, and each rule's compute
+                       multiplier over additive (OUT/miniseries/miniseries.md, .json, .png). About 2e17 FLOPs,
+                       by that count (not measured) 30 to 45 min of an H100: longer than one call. At its limit
+                       its runs save and stop; the next --stages=miniseries call goes on from them (finished runs
+                       kept) until its table appears. With no shards at --bpe_data it is skipped, saying so.
+The stage limits add up to more than one command may run on a lent machine (10 minutes): run the wide,
+shakespeare and miniseries stages as calls of their own (--stages=wide, --stages=shakespeare, --stages=miniseries).
+At its limit a stage gets SIGTERM (training runs save a checkpoint and stop), and SIGKILL 45 s later (GRACE).
 """
 
 import argparse
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -39,16 +50,19 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository, where the stages run
 sys.path.insert(0, ROOT)
-from orthogpt import errors, shards  # noqa: E402
+from orthogpt import errors, shards, windows  # noqa: E402
 from orthogpt.errors import UserError  # noqa: E402
 
 GPT2 = ['config/gpt2_124m_add.py', '--gradient_accumulation_steps=8']
 RULES = ('add', 'ortho', 'rot', 'ngpt', 'hc', 'mhc', 'mhc_identity', 'mhc_lite', 'jpmhc')  # config/shakespeare_<rule>.py
 WIDE = ('additive', 'hc', 'hc:hc_recompute=True', 'mhc', 'mhc:hc_recompute=True', 'mhc:mhc_res=identity',
         'mhc:mhc_res=permutation', 'mhc:mhc_res=cayley')  # tools/bench.py variants
+SERIES = ('add', 'ortho', 'rot', 'ngpt', 'hc', 'mhc')  # the miniseries' rules: config/shakespeare_<rule>.py
 TINY = ['config/owt_smoke.py', '--n_layer=1', '--n_head=2', '--n_embd=16', '--block_size=16', '--batch_size=2',
         '--gradient_accumulation_steps=1', '--device=cpu']
-LIMITS = {'step_ddp': 210, 'step_fsdp': 180, 'profile': 60, 'wide': 590, 'generate': 60, 'shakespeare': 590}  # seconds
+LIMITS = {'step_ddp': 210, 'step_fsdp': 180, 'profile': 60, 'wide': 590, 'generate': 60, 'shakespeare': 590,
+          'miniseries': 540}  # seconds
+GRACE = 45  # seconds from a stage's SIGTERM at its limit to SIGKILL
 
 
 def random_tokens(folder, n=1 << 20, seed=0):
@@ -60,8 +74,28 @@ def random_tokens(folder, n=1 << 20, seed=0):
     return folder
 
 
-def stages(out, smoke, shakespeare_data):
-    """{stage: argv}: the commands of the suite, at the GPT-2 shape or (smoke) at tiny ones."""
+def miniseries(out, smoke, bpe_data):
+    """The miniseries stage's argv: six rules on GPT-2 BPE tokens at depths 2-5, or (smoke) two rules
+    at tiny sizes on random tokens; a string saying why not where bpe_data holds no token shards."""
+    if smoke:
+        data, rules = random_tokens(os.path.join(out, 'data')), SERIES[:2]
+        sizes = ['--depths=1,2,3', '--aspect=8', '--tokens_per_param=0', '--max_iters=4', '--eval_interval=2',
+                 '--eval_iters=1', '--batch_size=2', '--block_size=16', '--device=cpu', '--compile=False', '--nproc=2']
+    else:
+        data, rules = bpe_data, SERIES
+        sizes = ['--depths=2,3,4,5', '--block_size=1024', '--batch_size=16', '--eval_interval=500', '--eval_iters=20',
+                 '--nproc=4']
+        if windows.find(data) is None:
+            return (f"skipped: {data} holds no GPT-2 token shards; prepare FineWeb-edu's with python data/prepare_text.py "
+                    "--dataset fineweb-edu, or name a prepared folder with --bpe_data=DIR")
+    return [sys.executable, 'tools/miniseries.py', *(f'config/shakespeare_{r}.py' for r in rules), '--seeds=1',
+            f'--dataset={os.path.basename(os.path.normpath(data))}', f'--data_dir={data}',
+            f'--out={os.path.join(out, "miniseries")}', *sizes]
+
+
+def stages(out, smoke, shakespeare_data, bpe_data='data/fineweb-edu'):
+    """{stage: argv, or why it is skipped}: the commands of the suite, at the GPT-2 shape or (smoke) at
+    tiny ones."""
     py, torchrun = [sys.executable], [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=1']
     data = [f'--data_dir={random_tokens(os.path.join(out, "data"))}', '--dataset=randtok']
     shape = TINY if smoke else [*GPT2, '--compile']
@@ -83,6 +117,7 @@ def stages(out, smoke, shakespeare_data):
                         '--set', 'mlp=standard,gated', '--set', 'optimizer=adamw,muon', '--mlp_ratio=None',
                         '--seeds=1', f"--nproc={2 if smoke else 6}", f'--out={os.path.join(out, "shakespeare")}',
                         *small, *sh_data, *runs],
+        'miniseries': miniseries(out, smoke, bpe_data),
     }
 
 
@@ -96,10 +131,16 @@ def run_stage(name, argv, out, limit):
         text = proc.communicate(timeout=limit)[0]
         status = 'ok' if proc.returncode == 0 else f'failed (exit {proc.returncode})'
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        text, status = proc.communicate()[0], f'stopped at its {limit} s limit'
-    keep = [line for line in text.splitlines() if line.startswith(('|', 'cpu', 'cuda', 'wrote', '`', 'kernels', 'operators')) or
-            status != 'ok' and 'rror' in line]
+        os.killpg(proc.pid, signal.SIGTERM)  # training runs save a checkpoint and stop
+        try:
+            text = proc.communicate(timeout=GRACE)[0]
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            text = proc.communicate()[0]
+        status = f'stopped at its {limit} s limit'
+    keep = [line for line in text.splitlines() if line.startswith(('|', 'cpu', 'cuda', 'wrote', '`', 'kernels', 'operators',
+                                                                   '- `', 'miniseries interrupted')) or
+            re.match(r'\[\d+\] ', line) or status != 'ok' and 'rror' in line]
     with open(os.path.join(out, f'{name}.md'), 'w') as f:
         f.write('\n'.join(keep) + '\n')
     return status, time.perf_counter() - t0
@@ -112,6 +153,7 @@ def main(argv=None):
     p.add_argument('--smoke', action='store_true', help='tiny shapes on the CPU, to check the suite itself')
     p.add_argument('--stages', default=','.join(LIMITS), help=f"a subset of {','.join(LIMITS)}")
     p.add_argument('--shakespeare_data', default=None, help='a folder with Tiny Shakespeare (default data/shakespeare_char)')
+    p.add_argument('--bpe_data', default='data/fineweb-edu', help='GPT-2 token shards for the miniseries stage')
     args = p.parse_args(argv)
     unknown = set(args.stages.split(',')) - set(LIMITS)
     if unknown:
@@ -121,8 +163,12 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     machine = torch.cuda.get_device_name() if torch.cuda.is_available() and not args.smoke else 'CPU (smoke)'
     report = [f"# GPU suite: {machine}, torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M')}", '']
-    commands = stages(args.out, args.smoke, args.shakespeare_data)
+    commands = stages(args.out, args.smoke, args.shakespeare_data, args.bpe_data)
     for name in args.stages.split(','):
+        if isinstance(commands[name], str):  # skipped, saying why
+            print(f"{name}: {commands[name]}")
+            report += [f"## {name}", '', commands[name], '']
+            continue
         status, seconds = run_stage(name, commands[name], args.out, LIMITS[name] * (4 if args.smoke else 1))
         print(f"{name}: {status}, {seconds:.0f} s")
         with open(os.path.join(args.out, f'{name}.md')) as f:

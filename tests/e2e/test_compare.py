@@ -1,7 +1,8 @@
 """compare.py end to end: two tiny configs x 2 seeds, resume without rerunning, the table against
 the runs' own logs, a failing run reported in the table, and one comparison per folder, whose runs
-stop with it."""
+stop with it; its analysis and tables on hand-computed numbers."""
 
+import ast
 import json
 import os
 import re
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import time
 from contextlib import suppress
+from dataclasses import replace
 
 import pytest
 
@@ -36,10 +38,10 @@ def compared(tmp_path_factory, tiny_text):
 
 
 def test_runs_every_config_and_seed_and_tabulates_their_logs(compared, logs):
-    root, _, groups = compared
-    assert list(groups) == ['shakespeare_add', 'shakespeare_rot']
+    root, _, rows = compared
+    assert list(rows) == ['shakespeare_add', 'shakespeare_rot']
     text = (root / 'out' / 'results.md').read_text()
-    for label in groups:
+    for label in rows:
         runs = [root / 'out' / f'{label}-s{seed}' for seed in (1, 2)]
         evals = [[r for r in logs.records(d) if 'val_loss' in r] for d in runs]
         best = [min(r['val_loss'] for r in e) for e in evals]
@@ -52,7 +54,7 @@ def test_runs_every_config_and_seed_and_tabulates_their_logs(compared, logs):
     assert best[0] != best[1], "the two seeds ran with different seeds"
     assert 'shared the machine: nothing is timed' in text
     finals = {label: [[r for r in logs.records(root / 'out' / f'{label}-s{seed}') if 'val_loss' in r][-1]['val_loss']
-                      for seed in (1, 2)] for label in groups}
+                      for seed in (1, 2)] for label in rows}
     diffs = [b - a for a, b in zip(finals['shakespeare_add'], finals['shakespeare_rot'])]
     row = next(line for line in text.splitlines() if line.startswith('| `shakespeare_rot`'))
     assert f"{statistics.mean(diffs):+.4f} ± {statistics.stdev(diffs) / 2 ** 0.5:.4f} (n=2)" in row  # paired, s.e.
@@ -62,17 +64,17 @@ def test_runs_every_config_and_seed_and_tabulates_their_logs(compared, logs):
 def test_tuning_picks_on_seed_1337_extends_an_edge_and_reports_the_other_seeds(compared, logs, tmp_path):
     root, _, _ = compared
     out = tmp_path / 'tune'
-    groups = compare.main([CONFIGS[0], '--seeds=2', f'--out={out}', *TINY, f'--data_dir={root / "data"}',
-                           '--tune', 'learning_rate=1e-4,2e-4'])
+    rows = compare.main([CONFIGS[0], '--seeds=2', f'--out={out}', *TINY, f'--data_dir={root / "data"}',
+                         '--tune', 'learning_rate=1e-4,2e-4'])
     tried = sorted(d for d in os.listdir(out) if d.endswith('-s1337'))
     finals = {d: [r for r in logs.records(out / d) if 'val_loss' in r][-1]['val_loss'] for d in tried}
     assert len(tried) >= 3  # the best of 1e-4 and 2e-4 lay on the grid's edge: 4e-4 was tried too (and on)
     best = min(finals, key=finals.get)
     value = best.split('learning_rate')[1].rsplit('-s', 1)[0]
-    assert list(groups) == [f'shakespeare_add learning_rate={value}']
+    assert list(rows) == [f'shakespeare_add learning_rate={value}']
     assert sorted(d for d in os.listdir(out) if d.startswith(f'shakespeare_add-learning_rate{value}-s')) == [
         f'shakespeare_add-learning_rate{value}-s{s}' for s in (1, 1337, 2)]  # reported on 1 and 2 alone
-    assert [r['seed'] for r in groups[f'shakespeare_add learning_rate={value}']['ok']] == [1, 2]
+    assert [r.seed for r in rows[f'shakespeare_add learning_rate={value}'].results] == [1, 2]
     assert f"**{finals[best]:.4f}**" in (out / 'results.md').read_text()
 
 
@@ -122,23 +124,27 @@ def test_per_sets_a_key_for_one_configs_runs_or_one_of_its_set_values(tmp_path):
     args, _ = compare.parse_args([*CONFIGS, '--seeds=1', f'--out={tmp_path}', '--per', 'shakespeare_rot:learning_rate=3e-3',
                                   '--per', 'shakespeare_add dropout=0.1:learning_rate=2e-3', '--set=dropout=0.0,0.1'])
     runs = compare.plan(args, [], compare.cases(args), [1])
-    rates = {r['group']: r['cfg'].learning_rate for r in runs}
+    rates = {r.group: r.cfg.learning_rate for r in runs}
     assert rates == {'shakespeare_add dropout=0.0': 1e-3, 'shakespeare_add learning_rate=2e-3 dropout=0.1': 2e-3,
                      'shakespeare_rot learning_rate=3e-3 dropout=0.0': 3e-3,
                      'shakespeare_rot learning_rate=3e-3 dropout=0.1': 3e-3}
 
 
 def test_a_baseline_pairs_each_row_with_its_own_values_of_the_keys_it_does_not_name():
-    groups = {f'{name} mlp={mlp} optimizer={opt}': dict(name=name, set=(('mlp', mlp), ('optimizer', opt)),
-                                                        length=None, switch=())
-              for name in ('a', 'b') for mlp in ('standard', 'gated') for opt in ('adamw', 'muon')}
-    base, against = compare.baseline_of(groups, 'a optimizer=adamw')
+    rows = {}
+    for name in ('a', 'b'):
+        for mlp in ('standard', 'gated'):
+            for opt in ('adamw', 'muon'):
+                values = (('mlp', mlp), ('optimizer', opt))
+                label = compare.label_of(name, values)
+                rows[label] = compare.Row(label, compare.Case(f'{name}.py', name, values, values, label))
+    base, against = compare.baseline_of(rows, 'a optimizer=adamw')
     assert base == 'a optimizer=adamw'
     assert against['b mlp=gated optimizer=muon'] == 'a mlp=gated optimizer=adamw'
     assert against['b mlp=standard optimizer=muon'] == 'a mlp=standard optimizer=adamw'
-    assert compare.baseline_of(groups, None)[1]['b mlp=gated optimizer=muon'] == 'a mlp=gated optimizer=muon'
+    assert compare.baseline_of(rows, None)[1]['b mlp=gated optimizer=muon'] == 'a mlp=gated optimizer=muon'
     with pytest.raises(UserError, match="names no row"):
-        compare.baseline_of(groups, 'a optimizer=sgd')
+        compare.baseline_of(rows, 'a optimizer=sgd')
 
 
 def test_a_grid_is_extended_by_its_ratio_and_integers_stay_integers():
@@ -167,9 +173,9 @@ def test_a_second_call_reruns_nothing(compared, capsys):
 def test_a_failing_run_is_a_row_not_a_gap(compared, tmp_path):
     root, _, _ = compared
     out = tmp_path / 'out'
-    groups = compare.main([CONFIGS[0], '--seeds=1', f'--out={out}', *TINY, f'--data_dir={root / "data"}',
-                           '--set=init_from=scratch,resume'])  # nothing to resume from: train.py exits 1
-    assert [len(g['ok']) for g in groups.values()] == [1, 0]
+    rows = compare.main([CONFIGS[0], '--seeds=1', f'--out={out}', *TINY, f'--data_dir={root / "data"}',
+                         '--set=init_from=scratch,resume'])  # nothing to resume from: train.py exits 1
+    assert [len(row.results) for row in rows.values()] == [1, 0]
     text = (out / 'results.md').read_text()
     assert '| `shakespeare_add init_from=resume` | - | 0/1 | - |' in text  # no run started: no parameter count
     assert re.search(r'`shakespeare_add-init_fromresume-s1` failed \(exit 1\): .*no checkpoint', text)
@@ -222,8 +228,8 @@ def test_a_second_comparison_is_refused_and_a_killed_ones_runs_save_and_stop(com
         first.wait()
     assert 'stopped by SIGTERM at iteration' in (run / 'stdout.log').read_text()
     k = checkpoint.load(run / 'ckpt.pt')['iter_num']
-    groups = compare.main([*args, f'--max_iters={k + 10}'])
-    assert [r['seed'] for r in groups['shakespeare_add']['ok']] == [1]
+    rows = compare.main([*args, f'--max_iters={k + 10}'])
+    assert [r.seed for r in rows['shakespeare_add'].results] == [1]
     assert logs_module.evaluations(logs_module.read(str(run)))[-1][0] == k + 10
 
 
@@ -255,8 +261,8 @@ def switched(compared):
 
 
 def test_a_switch_continues_one_first_phase_once_per_value(switched, logs):
-    out, groups = switched
-    assert list(groups) == ['shakespeare_add → residual=additive', 'shakespeare_add → residual=orthogonal']
+    out, rows = switched
+    assert list(rows) == ['shakespeare_add → residual=additive', 'shakespeare_add → residual=orthogonal']
     assert sorted(os.listdir(out)) == ['curves.png', 'results.md', 'shakespeare_add-first10-s1',
                                        'shakespeare_add-then-residualadditive-s1',
                                        'shakespeare_add-then-residualorthogonal-s1']
@@ -282,9 +288,9 @@ def test_a_resumed_second_phase_is_not_reset_again(switched, tmp_path):
     first, second = runs
     argv, resume = compare.start(second)  # its checkpoint is its own, from iteration 20
     assert resume and '--reset_optimizer=True' not in argv
-    argv, resume = compare.start(dict(second, out_dir=str(tmp_path)))  # a fresh copy of the first phase
+    argv, resume = compare.start(replace(second, out_dir=str(tmp_path)))  # a fresh copy of the first phase
     assert resume and '--reset_optimizer=True' in argv
-    assert (tmp_path / 'ckpt.pt').read_bytes() == (out / first['name'] / 'ckpt.pt').read_bytes()
+    assert (tmp_path / 'ckpt.pt').read_bytes() == (out / first.name / 'ckpt.pt').read_bytes()
 
 
 def test_a_switch_without_reset_continues_the_run_exactly(compared, logs):
@@ -294,18 +300,18 @@ def test_a_switch_without_reset_continues_the_run_exactly(compared, logs):
     out = root / 'continued'
     compare.main([CONFIGS[0], '--seeds=1', '--nproc=2', f'--out={out}', *TINY, f'--data_dir={root / "data"}',
                   '--switch', 'residual=additive', '--switch_at=10'])  # one thread per run, as in `compared`
-    whole = [r for r in logs.records(root / 'out' / 'shakespeare_add-s1') if 'ms_per_iter' not in r and 'event' not in r]
-    parts = [r for r in logs.records(out / 'shakespeare_add-then-residualadditive-s1')
-             if 'ms_per_iter' not in r and 'event' not in r]
-    assert parts == whole
+    def untimed(run):  # its evaluations, but the training time they carry
+        return [{k: v for k, v in r.items() if k != 'train_s'} for r in logs.records(run)
+                if 'ms_per_iter' not in r and 'event' not in r]
+    assert untimed(out / 'shakespeare_add-then-residualadditive-s1') == untimed(root / 'out' / 'shakespeare_add-s1')
     assert 'with its optimizer state' in (out / 'results.md').read_text()
 
 
 def test_a_failed_first_phase_is_reported_in_its_second_phases_rows(compared, tmp_path):
     root, _, _ = compared
-    groups = compare.main([CONFIGS[0], '--seeds=1', f'--out={tmp_path}', *TINY, f'--data_dir={root / "data"}',
-                           '--init_from=resume', '--switch', 'residual=additive,orthogonal', '--switch_at=10'])
-    assert [len(g['ok']) for g in groups.values()] == [0, 0]
+    rows = compare.main([CONFIGS[0], '--seeds=1', f'--out={tmp_path}', *TINY, f'--data_dir={root / "data"}',
+                         '--init_from=resume', '--switch', 'residual=additive,orthogonal', '--switch_at=10'])
+    assert [len(row.results) for row in rows.values()] == [0, 0]
     text = (tmp_path / 'results.md').read_text()
     for value in ('additive', 'orthogonal'):
         assert re.search(rf'`shakespeare_add-then-residual{value}-s1` failed \(its first phase '
@@ -344,9 +350,9 @@ def test_a_second_phase_waits_until_its_first_phase_has_exited(tmp_path, monkeyp
     """A first phase logs its last evaluation before it writes its checkpoint: its second phase
     starts only after its process has exited (here: two polls later), from that checkpoint."""
     cfg = compare.load(['--max_iters=10'], 'first')
-    first = dict(name='first', out_dir=str(tmp_path / 'first'), cfg=cfg, argv=[])
-    second = dict(name='second', out_dir=str(tmp_path / 'second'), cfg=cfg, argv=[], after=first, reset=False)
-    os.makedirs(first['out_dir'])
+    first = compare.Run('first', 1, [], str(tmp_path / 'first'), cfg, case=None, group=None)
+    second = compare.Run('second', 1, [], str(tmp_path / 'second'), cfg, case=None, group='second', after=first)
+    os.makedirs(first.out_dir)
     (tmp_path / 'first' / 'log.jsonl').write_text(json.dumps({'iter': 10, 'val_loss': 1.0}) + '\n')
 
     class Saving:  # the first phase's process, still writing its checkpoint
@@ -365,9 +371,59 @@ def test_a_second_phase_waits_until_its_first_phase_has_exited(tmp_path, monkeyp
         def poll(self):
             return 0
 
-    first.update(proc=Saving(), stdout=open(os.devnull, 'w'), t0=time.time())
+    running = [compare.Job(first, Saving(), open(os.devnull, 'w'), time.time())]
     started = []
     monkeypatch.setattr(compare.subprocess, 'Popen', lambda argv, **kw: started.append(argv) or Exited())
-    compare.launch([second], [first], 2, {}, 1)
+    compare.launch([second], running, 2, {}, 1)
     assert (tmp_path / 'second' / 'ckpt.pt').read_bytes() == b'final checkpoint'
     assert len(started) == 1 and '--init_from=resume' in started[0]
+
+
+def hand_row(label, finals, length=None, ms=None, failed=0):
+    """A row of config `label` whose seeds 1, 2, ... finished with these final (and best) val losses."""
+    results = [compare.Result(seed=seed, best=loss, final=loss, top1=None, top5=None, wall=None, unit='tok', rate=None,
+                              ms=ms, curve=[(length or 10, loss, None)]) for seed, loss in enumerate(finals, 1)]
+    case = compare.Case(f'{label}.py', label, (), (), label)
+    return compare.Row(label if length is None else f'{label} max_iters={length}', case, length, results=results,
+                       failed=[compare.Failure(f'{label}-s{len(finals) + 1 + i}', 'exit 1', 'boom') for i in range(failed)])
+
+
+def test_the_analysis_and_its_table_on_hand_computed_numbers():
+    """Base a: 3.0, 3.2, 3.4 over seeds 1-3 (mean 3.2, std 0.2); b: 2.9, 3.0, its seed 3 failed. Paired
+    over seeds 1 and 2: -0.1, -0.2, mean -0.15, std 0.0707, standard error 0.0707 / sqrt(2) = 0.05."""
+    rows = {row.label: row for row in (hand_row('a', [3.0, 3.2, 3.4]), hand_row('b', [2.9, 3.0], failed=1))}
+    analysis = compare.analyse(rows, reach='3.1')
+    a, b = analysis.summaries['a'], analysis.summaries['b']
+    assert (a.final.mean, a.final.spread, a.final.n) == (pytest.approx(3.2), pytest.approx(0.2), 3)
+    assert a.diff is None and (b.diff.mean, b.diff.spread, b.diff.n) == (pytest.approx(-0.15), pytest.approx(0.05), 2)
+    assert a.reached == [10, None, None] and b.reached == [10, 10]
+    text = compare.table(rows, analysis, reach=True, timed=False)
+    assert text.splitlines() == [
+        '| run | parameters | seeds | best val loss | final val loss | Δ final vs `a` (paired, ± s.e.) '
+        '| reaches 3.1000 at (per seed) |',
+        '|---|---|---|---|---|---|---|',
+        '| `a` | - | 3/3 | 3.2000 ± 0.2000 | 3.2000 ± 0.2000 | - | 10, not reached, not reached |',
+        '| `b` | - | 2/3 | 2.9500 ± 0.0707 | 2.9500 ± 0.0707 | -0.1500 ± 0.0500 (n=2) | 10, 10 |',
+        '', '- `b-s3` failed (exit 1): boom']
+
+
+def test_the_speedup_on_hand_computed_numbers():
+    """a reaches 2.0 in 400 steps (its own target: 1x) at 20 ms/iter; b comes down from 3.0 at 100 to
+    1.0 at 400: in log(steps), 2.0 lies half-way, at 200 steps, 2 s at 10 ms/iter: 2x fewer steps,
+    4x less time."""
+    rows = {row.label: row for row in (hand_row('a', [2.5], 100, ms=20), hand_row('a', [2.0], 400, ms=20),
+                                       hand_row('b', [3.0], 100, ms=10), hand_row('b', [1.0], 400, ms=10))}
+    analysis = compare.analyse(rows, by_length=True)
+    a, b = analysis.speedups
+    assert (a.steps, a.how, a.in_steps, a.in_time) == (pytest.approx(400), '=', pytest.approx(1), pytest.approx(1))
+    assert (b.target, b.steps, b.how) == (2.0, pytest.approx(200), '=')
+    assert (b.in_steps, b.time, b.in_time) == (pytest.approx(2), pytest.approx(2), pytest.approx(4))
+    assert '| `b` | - | 3.0000 | 1.0000 | 2.0000 | 200 | 2.00x | 10.0 | 2 s | 4.00x |' in \
+        compare.speedup_table(rows, analysis, timed=True)
+
+
+def test_compare_py_is_records_in_short_functions():
+    with open(os.path.join(ROOT, 'tools', 'compare.py')) as f:
+        tree = ast.parse(f.read())
+    lengths = {n.name: n.end_lineno - n.lineno + 1 for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    assert max(lengths.values()) <= 60, lengths

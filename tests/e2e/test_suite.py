@@ -1,6 +1,8 @@
 """tools/suite.py --smoke: every stage of the GPU suite runs on the CPU at tiny shapes and writes a
-table whose numbers agree with one another."""
+table whose numbers agree with one another; a miniseries stage without its token shards is skipped,
+saying so."""
 
+import json
 import os
 
 import pytest
@@ -31,5 +33,17 @@ def test_the_smoke_suite_writes_every_table(tmp_path, char_data, capsys, tables)
     assert list(runs) == [f'`shakespeare_{v} mlp={m} optimizer={o}`' for v in suite.RULES
                           for m in ('standard', 'gated') for o in ('adamw', 'muon')]
     assert all(seeds == '1/1' and 0 < tables.number(best) < 5 for _, seeds, best, *_ in runs.values())  # ln(39) ~ 3.7
+    series = tables.cells((out / 'miniseries.md').read_text())  # its last row of each rule: the fit's
+    assert list(series)[-2:] == [f'`shakespeare_{v}`' for v in suite.SERIES[:2]]
+    data = json.loads((out / 'miniseries' / 'miniseries.json').read_text())
+    assert [[s['depth'] for s in data['rules'][f'shakespeare_{v}']['sizes']] for v in suite.SERIES[:2]] == [[1, 2, 3]] * 2
+    assert (out / 'miniseries' / 'miniseries.png').stat().st_size > 0
     report = (out / 'suite.md').read_text()
     assert all(f"## {stage}" in report for stage in suite.LIMITS)
+
+
+def test_the_miniseries_stage_without_token_shards_is_skipped_saying_how_to_prepare_them(tmp_path):
+    why = suite.miniseries(str(tmp_path), False, str(tmp_path / 'none'))
+    assert why.startswith('skipped: ') and 'python data/prepare_text.py --dataset fineweb-edu' in why
+    argv = suite.stages(str(tmp_path), True, None)['miniseries']
+    assert argv[1] == 'tools/miniseries.py' and '--depths=1,2,3' in argv

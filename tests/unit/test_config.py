@@ -2,6 +2,7 @@
 
 import glob
 import json
+import math
 import os
 from dataclasses import asdict, fields
 
@@ -193,3 +194,41 @@ def test_a_vit_takes_the_sigma_init_a_tied_gpt_refuses():
     assert (cfg.model, cfg.init, cfg.tie_weights) == ('vit', 'sigma', True)
     with pytest.raises(UserError, match="init='sigma' needs tie_weights=False"):
         configure.load(['--init=sigma'])
+
+
+def test_depth_sets_the_documented_shapes_rate_and_budget():
+    """nanochat's one knob: n_layer = n_head = depth, n_embd = aspect x depth; AdamW's rate, set for the width
+    before depth, scaled by sqrt(that width / n_embd); max_iters for tokens_per_param tokens per block parameter."""
+    base = configure.load([cfgfile('shakespeare_add.py'), cfgfile('cpu.py')])  # 4 x 128, learning_rate 2e-3
+    cfg = configure.load([cfgfile('shakespeare_add.py'), cfgfile('cpu.py'), '--depth=3', '--aspect=32',
+                          '--tokens_per_param=2'])
+    assert (cfg.n_layer, cfg.n_head, cfg.n_embd) == (3, 3, 96)
+    assert cfg.learning_rate == pytest.approx(base.learning_rate * math.sqrt(128 / 96))
+    blocks = 3 * (12 * 96 ** 2 + 2 * 96)  # c_attn, c_proj, c_fc, c_proj (no biases) and two RMSNorm gains
+    assert configure.schema.block_parameters(cfg) == blocks
+    assert cfg.max_iters == math.ceil(2 * blocks / (12 * 64))  # batch_size x block_size tokens a step
+    off = configure.load([cfgfile('shakespeare_add.py'), cfgfile('cpu.py'), '--depth=3', '--tokens_per_param=0'])
+    assert off.max_iters == base.max_iters and off.n_embd == 192
+
+
+def test_keys_set_after_depth_override_it_and_those_before_do_not():
+    cfg = configure.load([cfgfile('shakespeare_add.py'), '--n_layer=9', '--depth=2', '--n_head=1', '--max_iters=7',
+                          '--learning_rate=1e-3'])
+    assert (cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.max_iters, cfg.learning_rate) == (2, 1, 128, 7, 1e-3)
+    assert configure.load([cfgfile('shakespeare_add.py'), '--depth=2']).n_embd == 128
+    assert configure.load([cfgfile('shakespeare_add.py')]).depth == 0  # off by default: the file's shapes
+
+
+@pytest.mark.parametrize('argv, key, model', [(['shakespeare_add.py', '--patch_size=2'], 'patch_size', 'vit'),
+                                              (['vit_fashion.py', '--block_size=32'], 'block_size', 'gpt')])
+def test_a_run_refuses_the_other_models_keys(argv, key, model):
+    with pytest.raises(UserError, match=f"{key}: a key of model='{model}'.*remove it"):
+        configure.load([cfgfile(argv[0]), argv[1]])
+
+
+def test_a_saved_config_holds_the_other_models_keys_at_their_defaults_and_loads():
+    cfg = configure.load([cfgfile('vit_fashion.py'), cfgfile('cpu.py')])
+    assert configure.from_dict(json.loads(json.dumps(asdict(cfg)))) == cfg
+    changed = {**asdict(cfg), 'block_size': 32}
+    with pytest.raises(UserError, match="block_size: a key of model='gpt'"):
+        configure.from_dict(changed)

@@ -1,5 +1,5 @@
 """The shape of the repository: scripts at the root, one library package, imports that flow one way
-(model.py <- configure/ and orthogpt/ <- scripts and tools), no cycle, and light scripts."""
+(model.py <- configure/ <- orthogpt/ <- scripts and tools), no cycle, and light scripts."""
 
 import ast
 import os
@@ -66,7 +66,7 @@ def test_imports_flow_one_way_without_a_cycle():
         if layer(name) == 'library':
             assert all(layer(d) != 'script' for d in deps), f"{name} imports a script: {deps}"
         if name.startswith('configure'):
-            assert {d for d in deps if d.startswith('orthogpt')} <= {'orthogpt', 'orthogpt.errors'}, name
+            assert not {d for d in deps if d.startswith('orthogpt')}, f"{name} imports the package: {deps}"
         if layer(name) == 'script':
             assert not {d for d in deps if layer(d) == 'script' and not d == 'tools'}, f"{name} imports a script: {deps}"
     done, path = set(), []
@@ -99,12 +99,15 @@ def test_train_py_is_a_script_of_short_functions():
     with open(os.path.join(ROOT, 'train.py')) as f:
         tree = ast.parse(f.read())
     assert not [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
-    lengths = {n.name: n.end_lineno - n.lineno + 1 for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    functions = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]
+    lengths = {n.name: n.end_lineno - n.lineno + 1 for n in functions}
     assert max(lengths.values()) <= 100, lengths
+    arguments = {n.name: len(n.args.args) + len(n.args.kwonlyargs) for n in functions}
+    assert max(arguments.values()) <= 5, arguments
 
 
 def test_model_py_stays_short():
     """The model file holds the model alone (GPT-2 checkpoints are read in orthogpt/hf.py, the batched Q/K/V maps
     held in orthogpt/maps.py, each rule's departures from its paper told in docs/rules.md), and stays short."""
     with open(os.path.join(ROOT, 'model.py')) as f:
-        assert len(f.read().splitlines()) <= 860
+        assert len(f.read().splitlines()) <= 800

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 import configure
-from model import GPT
+from model import GPT, RESIDUALS
 from orthogpt import optim
+from orthogpt.errors import UserError
 
 
 def test_lr_schedule():
@@ -115,3 +116,38 @@ def test_muon_takes_its_own_weight_decay_and_none_on_the_raw_weights_of_maps():
     decay = {p: g['weight_decay'] for o in opt for g in o.param_groups for p in g['params']}
     assert decay[model.blocks[0].mlp.c_fc.weight] == 0.3 and decay[model.wte.weight] == 0.1
     assert decay[model.blocks[0].attn.c_attn.parametrizations.weight.original] == 0.0
+
+
+@pytest.mark.parametrize('argv', [['--residual=hc'], ['--residual=mhc', '--qkv=cayley', '--mlp=gated'], ['--residual=ngpt'],
+                                  ['--dataset=fashion_mnist', '--optimizer=muon']], ids=lambda a: ' '.join(a))
+def test_every_trainable_parameter_is_in_exactly_one_group(argv):
+    """Decayed: matrices and embeddings; not: gains, biases, scaling vectors, the raw W behind a Q/K/V map and
+    what a rule names in no_decay (its static weights), as the groups were drawn before they were built by name."""
+    cfg = configure.load(['--n_layer=2', '--n_head=2', '--n_embd=16', '--weight_decay=0.1', *argv])
+    model = configure.build_model(cfg)
+    opt = optim.make_optimizer(model, cfg, 'cpu')
+    grouped = [p for g in opt.param_groups for p in g['params']]
+    assert len(grouped) == len({id(p) for p in grouped}) == len(list(model.parameters()))
+    decay = {p: g['weight_decay'] > 0 for g in opt.param_groups for p in g['params']}
+    rules = [m for m in model.modules() if isinstance(m, RESIDUALS[cfg.residual])]
+    static = {getattr(m, n) for m in rules for n in m.no_decay if getattr(m, n) is not None}
+    for name, p in model.named_parameters():
+        assert decay[p] == (p.dim() >= 2 and '.parametrizations.' not in name and p not in static), name
+
+
+def test_a_parameter_that_no_group_claims_is_refused_by_name():
+    cfg = configure.load(['--n_layer=1', '--n_head=2', '--n_embd=16'])
+    model = configure.build_model(cfg)
+    model.blocks[0].attn.temperature = torch.nn.Parameter(torch.ones(1))  # held by no kind of module optim knows
+    with pytest.raises(UserError, match=r"parameter blocks\.0\.attn\.temperature is in no optimizer group.*no_decay"):
+        optim.make_optimizer(model, cfg, 'cpu')
+
+
+@pytest.mark.parametrize('mlp, split', [('standard', 1), ('gated', 2)])
+def test_muon_splits_stacked_weights_by_name(mlp, split):
+    cfg = configure.load(['--n_layer=1', '--n_head=2', '--n_embd=16', '--optimizer=muon', f'--mlp={mlp}'])
+    model = configure.build_model(cfg)
+    muon = optim.make_optimizer(model, cfg, 'cpu').named['muon']
+    splits = {p: g['split'] for g in muon.param_groups for p in g['params']}
+    assert splits[model.blocks[0].attn.c_attn.weight] == 3 and splits[model.blocks[0].mlp.c_fc.weight] == split
+    assert splits[model.blocks[0].mlp.c_proj.weight] == 1

@@ -60,7 +60,7 @@ def test_every_variant_learns_a_tiny_image_set(variant, qkv, images_kit):
 
 def aug_cfg(**kw):
     import configure
-    return configure.load([f'--{k}={v}' for k, v in dict(n_classes=10, **kw).items()])
+    return configure.load([f'--{k}={v}' for k, v in dict(model='vit', n_classes=10, **kw).items()])
 
 
 @pytest.mark.parametrize('mix', [dict(mixup_alpha=0.8), dict(cutmix_alpha=1.0), dict(mixup_alpha=0.8, cutmix_alpha=1.0)])
