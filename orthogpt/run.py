@@ -93,6 +93,9 @@ class Run:
         if bool(ckpt['sharded']) != env.fsdp:
             problems.append(f"the checkpoint was written with parallel={'fsdp' if ckpt['sharded'] else 'ddp'!r}; "
                             f"resume it with that value (FSDP under torchrun)")
+        if cfg.max_iters < ckpt['iter_num'] and not cfg.eval_only:
+            problems.append(f"max_iters={cfg.max_iters} lies before the checkpoint's iteration {ckpt['iter_num']}; "
+                            f"resume with --max_iters={ckpt['iter_num']} or more (or evaluate it: --eval_only=True)")
         if problems:
             raise UserError(f"cannot resume from {cfg.out_dir} with this config:\n  " + "\n  ".join(problems))
         checkpoint.load_weights(self.raw_model, ckpt, os.path.join(cfg.out_dir, 'ckpt.pt'),

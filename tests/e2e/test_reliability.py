@@ -134,6 +134,14 @@ def test_nan_skip_continues_and_stops_after_a_streak(run, logs, tmp_path, failin
             out='streak')
 
 
+def test_a_resume_refuses_a_max_iters_the_checkpoint_has_passed(run, tmp_path):
+    run('--max_iters=20', '--eval_interval=10')
+    with pytest.raises(SystemExit, match=r"max_iters=10 lies before the checkpoint's iteration 20; resume with "
+                                         r"--max_iters=20 or more"):
+        run('--max_iters=10', '--init_from=resume')
+    assert checkpoint.load(tmp_path / 'out' / 'ckpt.pt')['iter_num'] == 20
+
+
 def test_switch_residual_rule_on_resume(run, logs, tmp_path):
     run('--max_iters=20', '--eval_interval=10')
     run('--max_iters=30', '--eval_interval=10', '--init_from=resume', '--residual=orthogonal')
