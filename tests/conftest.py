@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import suppress
 from types import SimpleNamespace
 
 import numpy as np
@@ -247,10 +248,17 @@ def wait_gone(pids, timeout):
     return time.monotonic() - start
 
 
+def kill_all(pids):
+    """SIGKILL to each of pids still running: what a failed test leaves behind."""
+    for pid in pids:
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 @pytest.fixture(scope='session')
 def processes():
-    """processes.descendants(pid); processes.wait_gone(pids, timeout) -> seconds."""
-    return SimpleNamespace(descendants=descendants, wait_gone=wait_gone)
+    """processes.descendants(pid); processes.wait_gone(pids, timeout) -> seconds; processes.kill_all(pids)."""
+    return SimpleNamespace(descendants=descendants, wait_gone=wait_gone, kill_all=kill_all)
 
 
 def launch(nproc, *args, timeout=240, env=None):

@@ -75,11 +75,8 @@ class Runner:
     device, dtype and DDP or FSDP)."""
 
     def __init__(self, cfg, env):
-        self.run = run = setup(cfg, env)
-        self.env, self.device, self.device_type, self.autocast = env, env.device, env.device_type, env.autocast
-        self.cfg, self.task, self.raw, self.model, self.optimizer = run.cfg, run.task, run.raw_model, run.model, run.optimizer
-        self.compile = run.cfg.compile
-        self.x, self.y = self.task.batch
+        self.run = setup(cfg, env)
+        self.x, self.y = self.run.task.batch
 
     def step(self):
         self.run.step(lambda: (self.x, self.y))
@@ -87,9 +84,9 @@ class Runner:
     def saved_for_backward(self):
         """Bytes of the activations one eager forward of a micro-batch keeps for its backward: every
         storage saved, once, but the parameters' (what a wider stream costs in memory, on any device)."""
-        if self.env.fsdp:  # its forward takes every process
+        if self.run.env.fsdp:  # its forward takes every process
             return None
-        params = {p.untyped_storage().data_ptr() for p in self.raw.parameters()}
+        params = {p.untyped_storage().data_ptr() for p in self.run.raw_model.parameters()}
         seen = set()
 
         def pack(t):
@@ -97,54 +94,54 @@ class Runner:
             if storage.data_ptr() not in params:
                 seen.add((storage.data_ptr(), storage.nbytes()))
             return t
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), parallel.maps_of(self.raw, self.env), \
-                self.autocast:
-            self.raw(self.x, self.y)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), parallel.maps_of(self.run.raw_model, self.run.env), \
+                self.run.env.autocast:
+            self.run.raw_model(self.x, self.y)
         return sum(n for _, n in seen)
 
     def time_dynamics(self):
         """Seconds for one --dynamics measurement, as train.py makes it."""
         self.sync()
         t0 = time.perf_counter()
-        diagnostics.dynamics_record(self.raw, self.x, 0)
+        diagnostics.dynamics_record(self.run.raw_model, self.x, 0)
         self.sync()
         return time.perf_counter() - t0
 
     def time_sampling(self, new_tokens, use_cache):
         """Generated tokens per second of one GPT.generate call."""
-        self.raw.eval()
-        prompt = torch.zeros(1, 1, dtype=torch.long, device=self.device)
-        generator = torch.Generator(self.device).manual_seed(0)
+        self.run.raw_model.eval()
+        prompt = torch.zeros(1, 1, dtype=torch.long, device=self.run.env.device)
+        generator = torch.Generator(self.run.env.device).manual_seed(0)
         self.sync()
         t0 = time.perf_counter()
-        with self.autocast:
-            self.raw.generate(prompt, new_tokens, top_k=200, generator=generator, use_cache=use_cache,
-                              compile=self.compile)
+        with self.run.env.autocast:
+            self.run.raw_model.generate(prompt, new_tokens, top_k=200, generator=generator, use_cache=use_cache,
+                              compile=self.run.cfg.compile)
         self.sync()
-        self.raw.train()
+        self.run.raw_model.train()
         return new_tokens / (time.perf_counter() - t0)
 
     def sync(self):
-        if self.device_type == 'cuda':
-            torch.cuda.synchronize(self.device)
+        if self.run.env.device_type == 'cuda':
+            torch.cuda.synchronize(self.run.env.device)
 
     def time(self, steps):
         """Mean seconds per iteration over `steps` iterations; on CUDA also records the peak
         memory of this model alone (its weights and optimizer state plus the step's transients)."""
         self.sync()
-        if self.device_type == 'cuda':
-            torch.cuda.reset_peak_memory_stats(self.device)
-            resident = torch.cuda.memory_allocated(self.device)
+        if self.run.env.device_type == 'cuda':
+            torch.cuda.reset_peak_memory_stats(self.run.env.device)
+            resident = torch.cuda.memory_allocated(self.run.env.device)
         t0 = time.perf_counter()
         for _ in range(steps):
             self.step()
         self.sync()
-        if self.device_type == 'cuda':
-            own = sum(t.numel() * t.element_size() for t in self.raw.parameters())
-            own += sum(t.numel() * t.element_size() for o in self.optimizer for s in o.state.values()
+        if self.run.env.device_type == 'cuda':
+            own = sum(t.numel() * t.element_size() for t in self.run.raw_model.parameters())
+            own += sum(t.numel() * t.element_size() for o in self.run.optimizer for s in o.state.values()
                        for t in s.values() if torch.is_tensor(t))
             self.peak_memory = max(getattr(self, 'peak_memory', 0),
-                                   torch.cuda.max_memory_allocated(self.device) - resident + own)
+                                   torch.cuda.max_memory_allocated(self.run.env.device) - resident + own)
         return (time.perf_counter() - t0) / steps
 
 
@@ -226,22 +223,22 @@ def time_steps(runners, args):
 def step_table(runners, times, args):
     first = next(iter(runners))
     r0 = runners[first]
-    c, peak = r0.task.cfg, peak_flops(r0.device, args.peak_tflops)
-    shape = f"block {c.block_size}" if r0.task.unit == 'tok' else f"{c.image_size}px images in {c.patch_size}px patches"
-    print(f"{r0.device}, {r0.env.dtype}, {torch.get_num_threads()} threads, compile={args.compile}, "
-          f"{r0.env.world} process(es){', FSDP' if r0.env.fsdp else ''}; batch {c.batch_size} x {shape} x accum "
+    c, peak = r0.run.task.cfg, peak_flops(r0.run.env.device, args.peak_tflops)
+    shape = f"block {c.block_size}" if r0.run.task.unit == 'tok' else f"{c.image_size}px images in {c.patch_size}px patches"
+    print(f"{r0.run.env.device}, {r0.run.env.dtype}, {torch.get_num_threads()} threads, compile={args.compile}, "
+          f"{r0.run.env.world} process(es){', FSDP' if r0.run.env.fsdp else ''}; batch {c.batch_size} x {shape} x accum "
           f"{c.gradient_accumulation_steps}, {c.n_layer} layers x {c.n_embd}; median of {args.repeats} interleaved "
           f"rounds of {args.steps} iterations")
-    print(f"| variant | parameters | ms/iter (median) | spread (min-max) | {r0.task.unit}/s | MFU | peak memory | "
+    print(f"| variant | parameters | ms/iter (median) | spread (min-max) | {r0.run.task.unit}/s | MFU | peak memory | "
           f"saved for backward | vs {first} |")
     print("|---|---|---|---|---|---|---|---|---|")
     for v, r in runners.items():
         ts = sorted(times[v])
-        med, items = median(ts), r.task.items_per_iter
-        mfu = f"{r.task.flops_per_item(r.raw) * items / med / peak:.1%}" if peak else '-'
-        mem = (f"{r.peak_memory / 2**30:.2f} GiB" if r.device_type == 'cuda' else
+        med, items = median(ts), r.run.task.items_per_iter
+        mfu = f"{r.run.task.flops_per_item(r.run.raw_model) * items / med / peak:.1%}" if peak else '-'
+        mem = (f"{r.peak_memory / 2**30:.2f} GiB" if r.run.env.device_type == 'cuda' else
                f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB (process)")
-        print(f"| {v} | {r.raw.num_params():,} | {med * 1e3:.1f} | {ts[0] * 1e3:.1f}-{ts[-1] * 1e3:.1f} | "
+        print(f"| {v} | {r.run.raw_model.num_params():,} | {med * 1e3:.1f} | {ts[0] * 1e3:.1f}-{ts[-1] * 1e3:.1f} | "
               f"{items / med:,.0f} | {mfu} | {mem} | {saved(r.saved_for_backward())} | "
               f"{paired_overhead(times[v], times[first]) * 100:+.1f}% |")
 
@@ -254,7 +251,7 @@ def profile(runner, path, steps=3, top=15):
     """A torch.profiler trace of `steps` iterations to PATH.json, and PATH.md: the top kernels (on
     a CPU, operators) by their own time, with their share of the whole."""
     os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
-    cuda = runner.device_type == 'cuda'
+    cuda = runner.run.env.device_type == 'cuda'
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
     with torch.profiler.profile(activities=activities) as prof:
         runner.time(steps)
@@ -273,7 +270,7 @@ def profile(runner, path, steps=3, top=15):
 
 
 def bench_sampling(runners, args):
-    if any(r.task.unit != 'tok' for r in runners.values()):
+    if any(r.run.task.unit != 'tok' for r in runners.values()):
         raise UserError("--sample times text generation; give a language-model config")
     warmup = args.sample_tokens if args.compile else 8  # compiled: past every window move, as timed
     # GPT.forward's compiled variants are guarded on the model; one model's decoding makes about
@@ -288,8 +285,8 @@ def bench_sampling(runners, args):
             for c in (True, False):
                 rates[v, c].append(r.time_sampling(args.sample_tokens, c))
     first = next(iter(runners.values()))
-    c = first.cfg
-    print(f"{first.device}, {torch.get_num_threads()} threads, compile={args.compile}; {c.n_layer} layers x {c.n_embd}, "
+    c = first.run.cfg
+    print(f"{first.run.env.device}, {torch.get_num_threads()} threads, compile={args.compile}; {c.n_layer} layers x {c.n_embd}, "
           f"block {c.block_size}; {args.sample_tokens} new tokens after a 1-token prompt, batch 1, window shift "
           f"block // 4; median of {args.repeats} interleaved rounds")
     print("| variant | tokens/s, KV cache | tokens/s, no cache | speed-up |")

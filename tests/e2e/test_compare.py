@@ -11,7 +11,6 @@ import statistics
 import subprocess
 import sys
 import time
-from contextlib import suppress
 from dataclasses import replace
 
 import pytest
@@ -220,9 +219,7 @@ def test_a_second_comparison_is_refused_and_a_killed_ones_runs_save_and_stop(com
         first.kill()
         processes.wait_gone(runs, 30)
     except BaseException:  # what is left, if the test failed
-        for pid in [first.pid, *runs]:
-            with suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        processes.kill_all([first.pid, *runs])
         raise
     finally:
         first.wait()

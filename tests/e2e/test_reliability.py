@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-from contextlib import suppress
 
 import numpy as np
 import pytest
@@ -309,9 +308,7 @@ def test_workers_leave_with_their_killed_launcher_and_the_run_resumes(run, root,
         launcher.kill()
         took = processes.wait_gone(workers, LAUNCHER_BOUND)
     except BaseException:  # what is left of the first run, if the test failed
-        for pid in [launcher.pid, *workers]:
-            with suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        processes.kill_all([launcher.pid, *workers])
         raise
     finally:
         launcher.wait()
