@@ -37,6 +37,7 @@ from dataclasses import replace
 from statistics import median_high as median  # a value that was measured, never an average of two
 
 import torch
+from torch.autograd import DeviceType
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 import configure  # noqa: E402
@@ -194,12 +195,15 @@ def bench(base, configs, env, args):
     runners = {v: Runner(cfg, env) for v, cfg in configs.items()}
     if args.sample:
         return bench_sampling(runners, args)
+    # before any step, while each model holds only its weights: beside every model's gradients and
+    # optimizer state, an eager forward at the GPT-2 shape does not fit in one GPU
+    saved = {v: r.saved_for_backward() for v, r in runners.items()}
     times = time_steps(runners, args)
     if args.profile:
         for v, r in runners.items():
             profile(r, os.path.join(args.profile, v))
     if env.master:
-        step_table(runners, times, args)
+        step_table(runners, times, saved, args)
     if args.dynamics and env.master:
         print(f"\n| variant | one dynamics measurement, ms | overhead at dynamics_interval={base.dynamics_interval} |")
         print("|---|---|---|")
@@ -220,7 +224,7 @@ def time_steps(runners, args):
     return times
 
 
-def step_table(runners, times, args):
+def step_table(runners, times, saved, args):
     first = next(iter(runners))
     r0 = runners[first]
     c, peak = r0.run.task.cfg, peak_flops(r0.run.env.device, args.peak_tflops)
@@ -239,11 +243,11 @@ def step_table(runners, times, args):
         mem = (f"{r.peak_memory / 2**30:.2f} GiB" if r.run.env.device_type == 'cuda' else
                f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB (process)")
         print(f"| {v} | {r.run.raw_model.num_params():,} | {med * 1e3:.1f} | {ts[0] * 1e3:.1f}-{ts[-1] * 1e3:.1f} | "
-              f"{items / med:,.0f} | {mfu} | {mem} | {saved(r.saved_for_backward())} | "
+              f"{items / med:,.0f} | {mfu} | {mem} | {mib(saved[v])} | "
               f"{paired_overhead(times[v], times[first]) * 100:+.1f}% |")
 
 
-def saved(n):
+def mib(n):
     return '-' if n is None else f"{n / 2**20:,.3f} MiB"
 
 
@@ -257,7 +261,9 @@ def profile(runner, path, steps=3, top=15):
         runner.time(steps)
     prof.export_chrome_trace(path + '.json')
     own = (lambda e: e.self_device_time_total) if cuda else (lambda e: e.self_cpu_time_total)
-    events = sorted((e for e in prof.key_averages() if own(e) > 0), key=own, reverse=True)
+    # on CUDA the kernels alone: an operator's (and a Triton launcher's) own device time is its kernels' again
+    kept = (lambda e: e.device_type == DeviceType.CUDA) if cuda else (lambda e: True)
+    events = sorted((e for e in prof.key_averages() if kept(e) and own(e) > 0), key=own, reverse=True)
     total = sum(own(e) for e in events)
     lines = [f"{'kernels' if cuda else 'operators'} of {steps} steps by own {'GPU' if cuda else 'CPU'} time "
              f"({total / 1e3 / steps:.1f} ms a step)", "",

@@ -32,8 +32,9 @@ gathers them, each with its command and wall time, in the form the docs' GPU sec
                        by that count (not measured) 30 to 45 min of an H100: longer than one call. At its limit
                        its runs save and stop; the next --stages=miniseries call goes on from them (finished runs
                        kept) until its table appears. With no shards at --bpe_data it is skipped, saying so.
-The stage limits add up to more than one command may run on a lent machine (10 minutes): run the wide,
-shakespeare and miniseries stages as calls of their own (--stages=wide, --stages=shakespeare, --stages=miniseries).
+The stage limits add up to more than one command may run on a lent machine (10 minutes): run the stages in
+calls of their own, each within it: --stages=step_ddp,profile, --stages=step_fsdp, --stages=generate,
+--stages=wide, --stages=shakespeare, --stages=miniseries.
 At its limit a stage gets SIGTERM (training runs save a checkpoint and stop), and SIGKILL 45 s later (GRACE).
 """
 
@@ -60,8 +61,9 @@ WIDE = ('additive', 'hc', 'hc:hc_recompute=True', 'mhc', 'mhc:hc_recompute=True'
 SERIES = ('add', 'ortho', 'rot', 'ngpt', 'hc', 'mhc')  # the miniseries' rules: config/shakespeare_<rule>.py
 TINY = ['config/owt_smoke.py', '--n_layer=1', '--n_head=2', '--n_embd=16', '--block_size=16', '--batch_size=2',
         '--gradient_accumulation_steps=1', '--device=cpu']
-LIMITS = {'step_ddp': 210, 'step_fsdp': 180, 'profile': 60, 'wide': 590, 'generate': 60, 'shakespeare': 590,
-          'miniseries': 540}  # seconds
+# seconds: step_ddp's, profile's and generate's from their times on an H100 (docs/performance.md), the rest estimates
+LIMITS = {'step_ddp': 420, 'step_fsdp': 420, 'profile': 120, 'wide': 590, 'generate': 360, 'shakespeare': 590,
+          'miniseries': 540}
 GRACE = 45  # seconds from a stage's SIGTERM at its limit to SIGKILL
 
 
