@@ -5,10 +5,12 @@ destination and fsyncs the folder: a reader sees the old file or the new one, ne
 and a machine that loses power keeps one of the two. Checkpoints, token shards, prepared text and
 cached images all go through it. A write that fails (a full disk, an I/O error, a read-only
 folder) leaves the old file as it was, removes the temporary one, and raises a UserError that
-names the file, the error and the free space left.
+names the file, the error and the free space left. A writer killed mid-write (SIGKILL, a lost
+machine) leaves its temporary file; the folder's next lock holder removes it (remove_temporaries).
 """
 
 import os
+import re
 import shutil
 from contextlib import suppress
 
@@ -19,7 +21,7 @@ def write_atomic(path, write, mode='wb'):
     """Write `path` by calling write(file) on a temporary file opened with `mode`, then rename."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    tmp, failed = f"{path}.tmp{os.getpid()}", None
+    tmp, failed = temporary(path), None
     try:
         with open(tmp, mode) as f:
             write(f)
@@ -36,6 +38,19 @@ def write_atomic(path, write, mode='wb'):
                 if os.path.exists(path) else "the partial file is removed")
         raise write_error(path, failed, kept)
     fsync_dir(folder)
+
+
+def temporary(path):
+    return f"{path}.tmp{os.getpid()}"
+
+
+def remove_temporaries(folder):
+    """Remove the temporary files in `folder` that killed writers left; called by the folder's one
+    writer (orthogpt.lock), when no other process can be writing them."""
+    for name in os.listdir(folder):
+        if re.fullmatch(r'.+\.tmp\d+', name):
+            with suppress(FileNotFoundError):
+                os.remove(os.path.join(folder, name))
 
 
 def write_error(path, error, kept):
@@ -71,7 +86,7 @@ def write_text(path, text):
 
 def link_atomic(src, dst):
     """Make dst the same file as src (a hard link where the file system allows, else a copy), atomically."""
-    tmp = f"{dst}.tmp{os.getpid()}"
+    tmp = temporary(dst)
     try:
         os.link(src, tmp)
     except OSError:  # no hard links here

@@ -5,7 +5,8 @@ The lock is fcntl.flock on FOLDER/.lock, which the operating system releases whe
 file descriptor closes: at exit, at a crash or at SIGKILL alike, so a dead writer never leaves a
 stale lock. The file holds the holder's details for the refusal to name. A holder that ends
 removes the file while it still holds it; one that was killed leaves it, unlocked, for the next
-writer to take. Readers (sample.py, tools/export.py, the plots) take no lock.
+writer to take, with any temporary file a killed writer left mid-write, which the new holder
+removes. Readers (sample.py, tools/export.py, the plots) take no lock.
 """
 
 import fcntl
@@ -18,7 +19,7 @@ import time
 from contextlib import suppress
 
 from orthogpt.errors import UserError
-from orthogpt.files import write_error
+from orthogpt.files import remove_temporaries, write_error
 
 NAME = '.lock'
 
@@ -71,6 +72,7 @@ def hold(folder):
     except OSError as e:  # a full disk: the run could write nothing else either
         held.release()
         raise write_error(path, e, "nothing was written") from None
+    remove_temporaries(folder)
     return held
 
 

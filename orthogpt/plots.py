@@ -6,6 +6,8 @@ group's seeds, a line per group (curves); and a scaling series' final loss again
 import argparse
 import statistics
 
+from orthogpt import files
+
 
 def run_arguments(argv, doc, out, what, runs='out_dir of each run'):
     """The arguments of a tool that draws runs: the runs, and --out (default `out`, `what` it is)."""
@@ -46,7 +48,7 @@ def curves(groups, path, switch_at=None):
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    files.write_atomic(path, lambda f: fig.savefig(f, dpi=120, format='png'))
     plt.close(fig)
     print(f"wrote {path}")
 
@@ -80,6 +82,6 @@ def scaling(series, path):
     axes[0].set_title('dashed: L(C) = E + A·C^(−α)', fontsize=9)
     axes[0].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    files.write_atomic(path, lambda f: fig.savefig(f, dpi=120, format='png'))
     plt.close(fig)
     print(f"wrote {path}")

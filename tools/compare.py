@@ -80,7 +80,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository: train.py
 sys.path.insert(0, ROOT)
 import configure  # noqa: E402
-from orthogpt import errors, lock, logs, plots, resume, signals  # noqa: E402
+from orthogpt import errors, files, lock, logs, plots, resume, signals  # noqa: E402
 from orthogpt.errors import UserError  # noqa: E402
 
 TUNING_SEED = 1337
@@ -446,8 +446,7 @@ def ended(job):
     """Writes a run's run.json (its exit status, wall time and arguments) once its process exited."""
     job.stdout.close()
     status = {'returncode': job.proc.returncode, 'wall_s': time.time() - job.t0, 'argv': job.run.argv}
-    with open(os.path.join(job.run.out_dir, 'run.json'), 'w') as f:
-        json.dump(status, f)
+    files.write_text(os.path.join(job.run.out_dir, 'run.json'), json.dumps(status))
     print(f"{job.run.name}: {'done' if finished(job.run) else 'FAILED'} (exit {status['returncode']}, "
           f"{status['wall_s']:.0f} s)")
 
@@ -834,8 +833,7 @@ def compare(args, extra, argv):
     analysis = analyse(rows, args.baseline, args.reach, by_length=bool(args.lengths) and len(args.lengths) > 1)
     command = 'python tools/compare.py ' + shlex.join(sys.argv[1:] if argv is None else argv)
     text = report(args, command, rows, analysis, tuning, {c.label for c in chosen})
-    with open(os.path.join(args.out, 'results.md'), 'w') as f:
-        f.write(text)
+    files.write_text(os.path.join(args.out, 'results.md'), text)
     print(text)
     plots.curves({label: [r.curve for r in row.results] for label, row in rows.items()},
                  os.path.join(args.out, 'curves.png'), args.switch_at)

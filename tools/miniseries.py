@@ -60,7 +60,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository: tools/compare.py
 sys.path.insert(0, ROOT)
-from orthogpt import errors, logs, plots, scaling, signals  # noqa: E402
+from orthogpt import errors, files, logs, plots, scaling, signals  # noqa: E402
 from orthogpt.errors import UserError  # noqa: E402
 from orthogpt.estimate import duration  # noqa: E402
 
@@ -421,10 +421,9 @@ def report(args, command):
         raise UserError(f"{args.out} holds no finished run of this series: run it first (the same command)")
     results = analyse({stem(c): series[stem(c)] for c in args.configs if stem(c) in series}, args.baseline)
     text = markdown(results, args.baseline, missing, command, args.nproc)
-    with open(os.path.join(args.out, 'miniseries.md'), 'w') as f:
-        f.write(text)
-    with open(os.path.join(args.out, 'miniseries.json'), 'w') as f:
-        json.dump(as_json(results, args.baseline, missing, command), f, indent=1)
+    files.write_text(os.path.join(args.out, 'miniseries.md'), text)
+    files.write_text(os.path.join(args.out, 'miniseries.json'), json.dumps(as_json(results, args.baseline, missing, command),
+                                                                           indent=1))
     print(text)
     figure(results, os.path.join(args.out, 'miniseries.png'))
     return results

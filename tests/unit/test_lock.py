@@ -1,6 +1,6 @@
 """The lock on a folder (orthogpt/lock.py): a second writer refused with the first one's details,
-no stale lock after a SIGKILL, a lock released while another process opens it taken once, and a
-folder that cannot hold one."""
+no stale lock after a SIGKILL, the temporary file of a writer killed mid-write removed by the next
+holder, a lock released while another process opens it taken once, and a folder that cannot hold one."""
 
 import errno
 import fcntl
@@ -44,6 +44,26 @@ def test_a_killed_holder_leaves_no_stale_lock(root, tmp_path):
         holder.wait()
     assert os.listdir(tmp_path) == ['.lock']
     lock.hold(tmp_path).release()
+
+
+def test_a_writer_killed_mid_write_leaves_its_file_whole_and_its_temporary_to_the_next_holder(root, tmp_path):
+    """SIGKILL during files.write_atomic: the file keeps its old contents, and the half-written
+    temporary that the killed process left is removed when the folder's lock is next taken."""
+    (tmp_path / 'results.md').write_text('old\n')
+    code = ('import sys, time; from orthogpt import files, lock; held = lock.hold(sys.argv[1]); '
+            'files.write_atomic(sys.argv[1] + "/results.md", lambda f: (f.write("ne"), f.flush(), print("writing", flush=True), '
+            'time.sleep(120)), mode="w")')
+    writer = subprocess.Popen([sys.executable, '-c', code, str(tmp_path)], cwd=root, stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline() == 'writing\n'
+    finally:
+        writer.send_signal(signal.SIGKILL)
+        writer.wait()
+    left = f'results.md.tmp{writer.pid}'
+    assert sorted(os.listdir(tmp_path)) == ['.lock', 'results.md', left] and (tmp_path / left).read_text() == 'ne'
+    assert (tmp_path / 'results.md').read_text() == 'old\n'
+    with lock.hold(tmp_path):
+        assert sorted(os.listdir(tmp_path)) == ['.lock', 'results.md']
 
 
 def test_a_lock_released_while_another_opens_it_is_taken_once(tmp_path, monkeypatch):
