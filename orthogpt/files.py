@@ -41,6 +41,7 @@ def write_atomic(path, write, mode='wb'):
 
 
 def temporary(path):
+    """The name a write of `path` goes to first (remove_temporaries knows its form)."""
     return f"{path}.tmp{os.getpid()}"
 
 

@@ -422,8 +422,8 @@ def report(args, command):
     results = analyse({stem(c): series[stem(c)] for c in args.configs if stem(c) in series}, args.baseline)
     text = markdown(results, args.baseline, missing, command, args.nproc)
     files.write_text(os.path.join(args.out, 'miniseries.md'), text)
-    files.write_text(os.path.join(args.out, 'miniseries.json'), json.dumps(as_json(results, args.baseline, missing, command),
-                                                                           indent=1))
+    record = as_json(results, args.baseline, missing, command)
+    files.write_text(os.path.join(args.out, 'miniseries.json'), json.dumps(record, indent=1))
     print(text)
     figure(results, os.path.join(args.out, 'miniseries.png'))
     return results
