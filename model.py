@@ -313,6 +313,7 @@ class ManifoldHyperConnection(HyperConnection):
     class Options(HyperConnection.Options):
         mhc_res: Literal['sinkhorn', 'identity', 'permutation', 'cayley'] = 'sinkhorn'  # H_res's constraint M
         mhc_sinkhorn_iters: int = 20  # [mHC] Eq. 9: Sinkhorn-Knopp rounds (t_max)
+        mhc_res_init: float = 8.0  # H~_res at init: 0 for the identity, -this for the rest (docs/rules.md)
 
     no_decay = ('b_pre', 'b_post', 'b_res')
 
@@ -322,17 +323,21 @@ class ManifoldHyperConnection(HyperConnection):
         if o.hc_rate < 2:
             raise ValueError(f"hc_rate={o.hc_rate}: mHC mixes at least 2 copies of the stream")
         at_least_one(o, 'mhc_sinkhorn_iters')
+        if not math.isfinite(o.mhc_res_init):
+            raise ValueError(f"mhc_res_init={o.mhc_res_init} must be a finite number (8: near I; 1: logits I; 0: uniform)")
         if o.mhc_res == 'permutation' and o.hc_rate > 6:
             raise ValueError(f"mhc_res='permutation' mixes all {math.factorial(o.hc_rate)} permutations of "
                              f"hc_rate={o.hc_rate} copies; use hc_rate <= 6, or mhc_res='sinkhorn'")
 
-    def __init__(self, d, n, layer, dynamic, iters, res='sinkhorn', recompute=False):
+    def __init__(self, d, n, layer, dynamic, iters, res='sinkhorn', recompute=False, res_init=8.0):
         nn.Module.__init__(self)
         self.n, self.dynamic, self.iters, self.res, self.recompute = n, dynamic, iters, res, recompute
         perms = torch.eye(n)[torch.tensor(list(itertools.permutations(range(n))))] if res == 'permutation' else None
         self.register_buffer('perms', perms, persistent=False)  # (n!, n, n), the identity first
-        initial = {'sinkhorn': torch.eye(n) * 8 - 8, 'cayley': torch.zeros(n, n), 'identity': None,  # H~_res
-                   'permutation': torch.full((math.factorial(n),), -8.0).index_fill(0, torch.tensor(0), 0.0)}[res]
+        # H~_res: 0 for the identity (the diagonal, or the identity permutation), -res_init for the rest; the
+        # Cayley map's W starts at 0, H_res = I, whose gradient never saturates
+        initial = {'sinkhorn': (torch.eye(n) - 1) * res_init, 'cayley': torch.zeros(n, n), 'identity': None,
+                   'permutation': torch.full((math.factorial(n),), -float(res_init)).index_fill(0, torch.tensor(0), 0.0)}[res]
         self.b_pre = nn.Parameter(torch.logit(torch.softmax(F.one_hot(torch.tensor(layer % n), n).double(), 0)).float())
         self.b_post = nn.Parameter(torch.zeros(n))
         self.b_res = None if initial is None else nn.Parameter(initial)
@@ -344,7 +349,8 @@ class ManifoldHyperConnection(HyperConnection):
     @classmethod
     def from_config(cls, cfg, layer, causal):
         o = cfg.options
-        return cls(cfg.n_embd, o.hc_rate, layer, o.hc_dynamic, o.mhc_sinkhorn_iters, o.mhc_res, o.hc_recompute)
+        return cls(cfg.n_embd, o.hc_rate, layer, o.hc_dynamic, o.mhc_sinkhorn_iters, o.mhc_res, o.hc_recompute,
+                   o.mhc_res_init)
 
     def coefficients(self, H):
         """(H_pre (..., n), H_post (..., n), H_res (..., n, n), or None for the identity) for H (..., n, d)."""

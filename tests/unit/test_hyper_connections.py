@@ -105,7 +105,9 @@ ARCHITECTURES = {'gpt2': dict(norm='layernorm', bias=True, activation='gelu_tanh
                  'cpu-recipe': dict(norm='rmsnorm', init='sigma', tie_weights=False)}
 WIDE = {'hc': dict(residual='hc'), 'hc-static': dict(residual='hc', hc_dynamic=False),
         'mhc-static': dict(residual='mhc', hc_dynamic=False),
-        **{f'mhc-{res}': dict(residual='mhc', mhc_res=res) for res in MIXINGS}}
+        **{f'mhc-{res}': dict(residual='mhc', mhc_res=res) for res in MIXINGS},
+        **{f'mhc-{res}-init{s:g}': dict(residual='mhc', mhc_res=res, mhc_res_init=s)  # a live mixing from the start
+           for res in ('sinkhorn', 'permutation') for s in (1.0, 0.0)}}
 
 
 def streams_and_logits(model, idx):
@@ -140,6 +142,27 @@ def test_at_init_the_model_is_the_pre_norm_additive_one(gpt_config, arch, varian
         assert H.shape == (2, 16, N, D)
         torch.testing.assert_close(H, x.unsqueeze(-2).expand_as(H), rtol=1e-8, atol=1e-8)
     torch.testing.assert_close(wide_logits, logits, rtol=1e-8, atol=1e-8)
+
+
+@pytest.mark.parametrize('res', ['sinkhorn', 'permutation'])
+def test_mhc_res_init_sets_how_much_each_copy_takes_from_the_others(res):
+    """H_res at init, off its diagonal (the mean over rows of 1 - H_res[i, i]): 8 (the default) leaves
+    each copy 1e-3 from the others, 1 is lucidrains' logits = I for Sinkhorn, 0 mixes uniformly (J/n);
+    every one doubly stochastic, so equal copies stay equal (the test above)."""
+    e = math.e
+    expected = {'sinkhorn': {8.0: 3 / (e ** 8 + 3), 1.0: 3 / (e + 3), 0.0: 0.75},
+                'permutation': {8.0: 1 - (e ** 8 + 5) / (e ** 8 + 23), 1.0: 1 - (e + 5) / (e + 23), 0.0: 0.75}}[res]
+    for s, mass in expected.items():
+        rule = ManifoldHyperConnection(D, N, 0, True, 20, res, res_init=s).double()
+        M = rule.coefficients(torch.randn(5, N, D, dtype=torch.float64))[2]
+        assert constraint_holds(res, M)
+        torch.testing.assert_close((1 - M.diagonal(dim1=-2, dim2=-1)).mean(), torch.tensor(mass, dtype=torch.float64),
+                                   rtol=1e-6, atol=0)
+
+
+def test_mhc_res_init_must_be_finite(gpt_config):
+    with pytest.raises(ValueError, match='mhc_res_init=inf must be a finite number'):
+        gpt_config(residual='mhc', mhc_res_init=float('inf'))
 
 
 def spread(H):
