@@ -3,7 +3,8 @@
 Residual layer l = 1 .. 2L is the output of the l-th update (attention of block 0, MLP of block
 0, attention of block 1, ...), x^(l) in the notation of "The Orthogonal Transformer" (preprint,
 no arXiv id). "Oh et al." below: G. Oh et al., "Revisiting Residual Connections: Orthogonal Updates for Stable and Efficient Deep
-Networks", NeurIPS 2025, arXiv:2505.11881.
+Networks", NeurIPS 2025, arXiv:2505.11881. H_res: the mixing of the copies of mHC, Z. Xie et al., "mHC: Manifold-Constrained
+Hyper-Connections", arXiv:2512.24880 (Eq. 3).
 """
 
 import math
@@ -11,7 +12,7 @@ from contextlib import contextmanager
 
 import torch
 
-from model import ResidualUpdate
+from model import ResidualUpdate, wide
 
 
 def updates(model):
@@ -41,7 +42,38 @@ def residual_grads(model):
             h.remove()
 
 
-STATS = ('stream_sq', 'par_sq', 'perp_sq', 'cos', 'theta')
+STATS = ('stream_sq', 'par_sq', 'perp_sq', 'cos', 'theta', 'res_offdiag', 'res_dist', 'res_angle')
+ORTHOGONAL_TOL = 1e-4  # the largest |H_res^T H_res - I| at which H_res counts as orthogonal (float32 rounding)
+
+
+def mixing_stats(module, x):
+    """H_res of an mHC sublayer (module.coefficients, (..., n, n) per token, None for the identity) on its stream x
+    (..., n, d), as three means over the tokens (float32, (3,)):
+
+        res_offdiag  the off-diagonal mass, mean over rows i of 1 - H_res[i, i]: for a doubly stochastic H_res the
+                     share of each copy's new value taken from the other copies (0 for I, 1 - 1/n for J/n); for
+                     an orthogonal one (n - tr H_res) / n = (2/n) sum_k (1 - cos theta_k), theta_k as below;
+        res_dist     ||H_res - I||_F, the Frobenius norm;
+        res_angle    for an orthogonal H_res (every token's within ORTHOGONAL_TOL, as the Cayley map gives), the
+                     angle of its rotation: the largest angle between a vector v of R^n and H_res v,
+                     max_k theta_k in [0, pi], theta_k = |arg lambda_k| over H_res's eigenvalues lambda_k =
+                     e^(+-i theta_k); NaN where H_res is not orthogonal.
+
+    NaN for all three where the rule has no H_res (one stream; HC's A_r is not constrained)."""
+    coefficients = getattr(module, 'coefficients', None)
+    if coefficients is None:
+        return torch.full((3,), math.nan, device=x.device)
+    res = coefficients(wide(x))[2]
+    if res is None:  # the identity: never mixed, a rotation by 0
+        return torch.zeros(3, device=x.device)
+    res = res.double().flatten(0, -3)  # (tokens, n, n)
+    eye = torch.eye(res.shape[-1], dtype=res.dtype, device=res.device)
+    offdiag = (1 - res.diagonal(dim1=-2, dim2=-1)).mean()
+    dist = torch.linalg.matrix_norm(res - eye).mean()
+    angle = torch.tensor(math.nan, dtype=res.dtype, device=res.device)
+    if (res.mT @ res - eye).abs().max() <= ORTHOGONAL_TOL:
+        angle = torch.linalg.eigvals(res).angle().abs().amax(-1).mean()
+    return torch.stack([offdiag, dist, angle]).float()
 
 
 @torch.no_grad()
@@ -60,7 +92,8 @@ def update_stats(model, idx):
             par = xu * xu / xx
             perp = (uu - par).clamp_min(0)
             theta = (perp / xx).sqrt()
-            rows[l] = torch.stack([xx.mean(), par.mean(), perp.mean(), (xu / (xx * uu).sqrt()).mean(), theta.mean()])
+            stream = torch.stack([xx.mean(), par.mean(), perp.mean(), (xu / (xx * uu).sqrt()).mean(), theta.mean()])
+            rows[l] = torch.cat([stream, mixing_stats(module, args[0])])
         return pre_hook
     handles = [m.register_forward_pre_hook(hook(l)) for l, (_, _, m) in enumerate(updates(model))]
     try:

@@ -1,5 +1,7 @@
 """Gradient norms per residual layer, training dynamics and effective rank."""
 
+import math
+
 import pytest
 import torch
 
@@ -43,7 +45,8 @@ def test_update_stats():
         for h in hooks:
             h.remove()
         angle, f_sq = torch.tensor(seen, dtype=torch.float64).T
-        assert stats.shape == (4, 5)
+        assert stats.shape == (4, len(diagnostics.STATS))
+        assert stats[:, 5:].isnan().all()  # no H_res
         torch.testing.assert_close(stats[:, 1] + stats[:, 2], f_sq, rtol=1e-5, atol=0)
         assert torch.all(stats[:, 3].abs() <= 1)
         if residual == 'rotation':
@@ -51,6 +54,56 @@ def test_update_stats():
             torch.testing.assert_close(stats[:, 4], angle, rtol=1e-3, atol=0)
         else:
             assert not torch.allclose(stats[:, 4], angle, rtol=1e-2, atol=0)
+
+
+def mixings(model, idx):
+    """The H_res (tokens, n, n) of each sublayer of an mHC model on idx, in float64, in layer order."""
+    streams = []
+    hooks = [m.register_forward_pre_hook(lambda m, args: streams.append((m, args[0])))
+             for _, _, m in diagnostics.updates(model)]
+    with torch.no_grad():
+        model(idx)
+    for h in hooks:
+        h.remove()
+    return [m.coefficients(x.double())[2].flatten(0, -3) for m, x in streams]
+
+
+@pytest.mark.parametrize('res', ['sinkhorn', 'permutation', 'cayley'])
+def test_mixing_stats_against_float64(gpt_config, res):
+    """H_res's off-diagonal mass, distance from I and rotation angle per sublayer, with coefficients drawn away
+    from their initial values, against float64 values found another way: for a doubly stochastic H_res the mass
+    as the rows' off-diagonal sums; for an orthogonal one the eigenvalues of (H + H^T) / 2, cos theta_k, give
+    the mass (1 - their mean) and the angle (arccos of the smallest)."""
+    torch.manual_seed(0)
+    model = GPT(gpt_config(residual='mhc', mhc_res=res, mhc_res_init=1.0)).double()
+    with torch.no_grad():  # H_res far from I, and from token to token
+        for _, _, m in diagnostics.updates(model):
+            m.phi.normal_(0, 0.3)
+            m.a_res.fill_(1.0)
+    idx = torch.randint(11, (3, 8))
+    stats = diagnostics.update_stats(model, idx)[:, 5:].double()
+    eye = torch.eye(4, dtype=torch.float64)
+    for (offdiag, dist, angle), H in zip(stats, mixings(model, idx)):
+        assert H.std(0).max() > 1e-2
+        torch.testing.assert_close(dist, (H - eye).square().sum((-2, -1)).sqrt().mean(), rtol=1e-6, atol=0)
+        if res == 'cayley':
+            cos = torch.linalg.eigvalsh((H + H.mT) / 2)  # (tokens, n), ascending
+            torch.testing.assert_close(offdiag, (1 - cos).mean(), rtol=1e-6, atol=0)
+            torch.testing.assert_close(angle, cos[:, 0].clamp(-1, 1).acos().mean(), rtol=1e-5, atol=0)
+            assert 0.3 < angle < math.pi
+        else:
+            torch.testing.assert_close(offdiag, (H.sum(-1) - H.diagonal(dim1=-2, dim2=-1)).mean(), rtol=1e-6, atol=0)
+            assert offdiag > 0.1 and angle.isnan()  # not orthogonal: no angle
+
+
+@pytest.mark.parametrize('res,init,mass', [('sinkhorn', 0.0, 0.75), ('cayley', 0.0, 0.0), ('identity', 8.0, 0.0)])
+def test_mixing_stats_at_init(gpt_config, res, init, mass):
+    """Uniform mixing J/n takes 1 - 1/n from the other copies, ||J/n - I||_F = sqrt(n - 1); the Cayley mixer and
+    the identity start at I, a rotation by 0."""
+    model = GPT(gpt_config(residual='mhc', mhc_res=res, mhc_res_init=init))
+    stats = diagnostics.update_stats(model, torch.randint(11, (3, 8)))[:, 5:]
+    expected = [mass, math.sqrt(3) if mass else 0.0, math.nan if mass else 0.0]
+    torch.testing.assert_close(stats, torch.tensor([expected] * 4), equal_nan=True)
 
 
 def test_effective_rank():
