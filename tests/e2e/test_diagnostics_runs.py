@@ -71,6 +71,31 @@ def test_dynamics_log_and_plots(run, logs, tmp_path):
         'dyn_theta.png']
 
 
+def test_dynamics_log_h_res_and_its_plot(run, tmp_path, capsys):
+    """mHC's H_res in the dynamics log: Sinkhorn's from lucidrains' start (0.525 from the other copies) with no
+    angle, the Cayley mixer's from I with its rotation angle; the plot of each and the table of the last values."""
+    args = ['--max_iters=20', '--eval_interval=20', '--dynamics=True', '--dynamics_interval=10']
+    sinkhorn = run(*args, config='shakespeare_mhc_init1.py', out='sinkhorn')
+    cayley = run(*args, config='shakespeare_jpmhc.py', out='cayley')
+    last = {}
+    for name, out in (('sinkhorn', sinkhorn), ('cayley', cayley)):
+        with open(out / 'dynamics.jsonl') as f:
+            lines = [json.loads(line) for line in f]
+        assert [r['iter'] for r in lines] == [10, 20]
+        last[name] = {s: lines[-1]['attn'][s] + lines[-1]['mlp'][s] for s in ('res_offdiag', 'res_dist', 'res_angle')}
+    assert all(0.3 < m < 0.75 for m in last['sinkhorn']['res_offdiag']) and last['sinkhorn']['res_angle'] == [None] * 4
+    assert all(0 < m < 0.1 for m in last['cayley']['res_offdiag'])  # moved from I, a little, in 20 steps
+    assert all(0 < a < math.pi for a in last['cayley']['res_angle'])
+    plot_dynamics.main([str(sinkhorn), str(cayley), '--out', str(tmp_path / 'dyn')])
+    assert {'dyn_res_offdiag.png', 'dyn_res_dist.png', 'dyn_res_angle.png'} <= {p.name for p in tmp_path.glob('*.png')}
+    table = capsys.readouterr().out.splitlines()
+    row = next(line for line in table if line.startswith('| cayley'))
+    cells = row.strip('|').split('|')
+    offdiag = float(cells[2 + diagnostics.STATS.index('res_offdiag')])
+    assert offdiag == pytest.approx(sum(last['cayley']['res_offdiag']) / 4, rel=1e-3)
+    assert next(line for line in table if line.startswith('| sinkhorn')).rstrip(' |').endswith('-')  # no angle
+
+
 def test_dynamics_off_measures_nothing(run, logs):
     out = run('--max_iters=10', '--eval_interval=5')
     assert not (out / 'dynamics.jsonl').exists()
