@@ -55,7 +55,8 @@ class ResidualUpdate(nn.Module):
         x_next = rule(x, F(norm(h)), state)   # forward(x, u, state): the branch output u written in
 
     By default the stream x is the (..., d) tensor the branches see, prepare hands it on, and state is the decoding
-    cache (or None), read by a rule that mixes positions: a one-stream rule writes forward(x, u, cache=None) alone."""
+    cache (a DecodeStep, or None): a rule that mixes positions keeps its per-position terms in it (cache.write); a
+    one-stream rule writes forward(x, u, cache=None) alone."""
     keeps_norm = False  # it keeps ||x||, so the model has no norms ([OT])
     normalized = False  # nGPT's architecture
     no_decay = ()  # names of its parameters that weight decay leaves alone (its vectors never decay)
@@ -147,11 +148,9 @@ class OrthogonalUpdate(ResidualUpdate):
     def scale(self, x, u, cache=None):
         """s, broadcastable against x: (B, T, 1), or (B, 1, 1) in non-causal global mode."""
         xu, xx = dot(x, u), dot(x, x)
-        if self.mode == 'global' and self.causal:
-            T = xu.shape[-2]
-            if cache is not None:
-                xu, xx = cache.extend(self, xu, xx, dim=-2)  # (B, T_seen, 1)
-            xu, xx = xu.cumsum(-2)[:, -T:], xx.cumsum(-2)[:, -T:]
+        if self.mode == 'global' and self.causal:  # decoding: the sums over each query's visible positions
+            xu, xx = ((cache.visible.to(t.dtype) @ t for t in cache.write(self, xu, xx, dim=-2)) if cache is not None
+                      else (xu.cumsum(-2), xx.cumsum(-2)))  # (B, T, 1)
         elif self.mode == 'global':
             xu, xx = xu.sum(-2, keepdim=True), xx.sum(-2, keepdim=True)
         return xu / (xx + self.eps)
@@ -534,17 +533,11 @@ class SelfAttention(nn.Module):
         if self.s_qk is not None:  # [nGPT] Eq. 15-16: cosines of q and k, scaled by s_qk, softmax scale sqrt(hs)
             s_qk = self.s_qk().view(self.n_head, 1, -1)  # (nh, 1, hs)
             q, k, scale = F.normalize(q, dim=-1) * s_qk, F.normalize(k, dim=-1) * s_qk, math.sqrt(C // self.n_head)
-        if cache is not None:
-            k, v = cache.extend(self, k, v, dim=2)  # (B, nh, T_seen, hs)
-        Tk = k.shape[2]
-        mask, is_causal = None, False  # a single query sees every key
-        if self.causal and T > 1:
-            if T == Tk:
-                is_causal = True
-            else:  # queries at the end of the keys: SDPA's is_causal aligns them at the start instead
-                mask = torch.ones(T, Tk, dtype=torch.bool, device=x.device).tril(Tk - T)
+        mask = None
+        if cache is not None:  # every position of the state's buffers, each query seeing those up to its own
+            (k, v), mask = cache.write(self, k, v, dim=2), cache.visible  # (B, nh, block_size, hs), (T, block_size)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
-                                           is_causal=is_causal, scale=scale)
+                                           is_causal=self.causal and mask is None, scale=scale)
         return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, C)))  # heads side by side: (B, T, C)
 
 
@@ -671,22 +664,46 @@ class Trunk:
         return sum(p.numel() for p in self.parameters())
 
 
-class DecodeCache:
-    """What incremental decoding carries from one GPT.forward to the next, so that a sequence fed in pieces gives one
-    full forward's logits: attention's keys and values, any rule's per-position terms; `pos` positions seen so far."""
+def static(t):  # a tensor that a compiled step (a CUDA graph) reads and writes where it lies
+    torch._dynamo.mark_static_address(t)
+    return t
 
-    def __init__(self, capacity):
-        self.pos, self.capacity, self.buffers = 0, capacity, {}
 
-    def extend(self, module, *new, dim):
-        """Store module's new tensors after the pos positions before them, along dim; views of all positions so far."""
-        dim %= new[0].dim()
-        key = id(module)  # not the module: torch.compile would guard on the model through the cache
-        if key not in self.buffers:
-            self.buffers[key] = [t.new_empty(t.shape[:dim] + (self.capacity,) + t.shape[dim + 1:]) for t in new]
-        for buf, t in zip(self.buffers[key], new):
-            buf.narrow(dim, self.pos, t.shape[dim]).copy_(t)
-        return tuple(buf.narrow(dim, 0, self.pos + new[0].shape[dim]) for buf in self.buffers[key])
+class DecodeState:
+    """What decoding carries from one GPT.forward to the next, in tensors of fixed shape: each module's per-position
+    buffers, block_size long (attention's keys and values, a rule's terms), and the next position `pos`, on the device.
+    Every step has the same shapes and addresses, as one compiled step and a CUDA graph need; a new window is read
+    from pos = 0 into the same buffers again, each query seeing the positions up to its own alone."""
+
+    def __init__(self, capacity, device=None):
+        self.capacity, self.buffers, self.pos = capacity, {}, static(torch.zeros((), dtype=torch.long, device=device))
+
+    def advance(self, T):
+        """The DecodeStep of a forward of the next T tokens; pos moves past them (checked on the device: no sync)."""
+        positions = self.pos + torch.arange(T, device=self.pos.device)  # (T,)
+        torch._assert_async(positions[-1] < self.capacity, f"decoding past block_size={self.capacity}, the positions "
+                                                           f"a DecodeState holds (a window that moves on is read "
+                                                           f"again from position 0: state.pos.zero_())")
+        self.pos.add_(T)
+        return DecodeStep(self, positions)
+
+
+class DecodeStep:
+    """A forward's view of a DecodeState: its positions (T,), and which positions each sees, visible (T, block_size)."""
+
+    def __init__(self, state, positions):
+        self.state, self.positions = state, positions
+        self.visible = torch.arange(state.capacity, device=positions.device) <= positions[:, None]
+
+    def write(self, module, *new, dim):
+        """Write module's tensors `new` (positions along dim) at these positions; returns its whole buffers."""
+        dim, buffers = dim % new[0].dim(), self.state.buffers  # keyed by id: compile would guard on a module key
+        if id(module) not in buffers:  # at the first forward, eager; zeros: the positions hidden stay finite
+            buffers[id(module)] = [static(t.new_zeros(t.shape[:dim] + (self.state.capacity,) + t.shape[dim + 1:]))
+                                   for t in new]
+        for buf, t in zip(buffers[id(module)], new):
+            buf.index_copy_(dim, self.positions, t)
+        return buffers[id(module)]
 
 
 class GPT(Trunk, nn.Module):
@@ -718,47 +735,19 @@ class GPT(Trunk, nn.Module):
     def own_stream_matrices(self):
         return [(self.wte.weight, -1), (self.wpe.weight, -1), (self.lm_head.weight, -1)]
 
-    def forward(self, idx, targets=None, cache=None):
+    def forward(self, idx, targets=None, cache=None, last=False):
         """idx (B, T) token ids -> logits (B, T, vocab), and the mean cross-entropy of targets (B, T) if given (-1:
-        ignored). With a DecodeCache, idx continues the sequence the cache has seen, and the cache takes it in."""
-        B, T = idx.shape
-        start = cache.pos if cache is not None else 0
-        if start + T > self.config.block_size:
-            raise ValueError(f"sequence of length {start + T} exceeds block_size={self.config.block_size}")
-        pos = torch.arange(start, start + T, device=idx.device)
+        ignored). With a DecodeState, idx continues the sequence it holds, at its position, and it takes idx in.
+        last: the head on the last position alone, logits (B, 1, vocab), which is all that decoding reads."""
+        T = idx.shape[1]
+        if T > self.config.block_size:
+            raise ValueError(f"sequence of length {T} exceeds block_size={self.config.block_size}")
+        cache = cache.advance(T) if cache is not None else None
+        pos = cache.positions if cache is not None else torch.arange(T, device=idx.device)
         x = self.trunk(self.drop(self.wte(idx) + self.wpe(pos)), cache)  # (B, T, C)
-        if cache is not None:
-            cache.pos += T
-        logits = self.scaled(self.lm_head(x))  # (B, T, vocab)
+        logits = self.scaled(self.lm_head(x[:, -1:] if last else x))  # (B, T, vocab)
         return logits, None if targets is None else F.cross_entropy(logits.view(-1, logits.size(-1)),
                                                                     targets.reshape(-1), ignore_index=-1)
-
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None, use_cache=True, shift=None,
-                 compile=False):
-        """Append max_new_tokens sampled tokens to idx (B, T). Past block_size the window drops its oldest tokens
-        `shift` at a time (1: nanoGPT's sliding window; default block_size // 4). use_cache reads each new token alone
-        against a DecodeCache of the window, read again only when it moves: use_cache=False's tokens, up to rounding."""
-        block, shift = self.config.block_size, max(1, self.config.block_size // 4) if shift is None else shift
-        if not 1 <= shift <= block:
-            raise ValueError(f"shift={shift} must lie in [1, block_size={block}]")
-        step = torch.compile(self, dynamic=True) if compile else self
-        start, cache = 0, None
-        with torch.inference_mode(), parametrize.cached():  # Q/K/V maps computed once, not once per token
-            idx = idx.clone()  # an inference tensor like every later idx: one compiled variant, not two
-            for _ in range(max_new_tokens):
-                if idx.shape[1] - start > block:  # the window moves: read it again from its new start
-                    start, cache = idx.shape[1] - (block - shift + 1), None
-                if cache is not None:
-                    logits = step(idx[:, -1:], cache=cache)[0]
-                else:  # the window; eager where it allocates the cache's buffers, once per window
-                    cache = DecodeCache(block) if use_cache else None
-                    logits = (self if use_cache else step)(idx[:, start:], cache=cache)[0]
-                logits = logits[:, -1, :].float() / temperature
-                if top_k is not None:
-                    v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
-                    logits[logits < v[:, [-1]]] = -float('inf')
-                idx = torch.cat((idx, torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)), dim=1)
-        return idx.clone()  # outside inference mode: usable in autograd
 
 
 class ViT(Trunk, nn.Module):

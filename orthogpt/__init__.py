@@ -26,6 +26,7 @@ Imports flow one way: model.py <- configure/ <- this package <- scripts and tool
     plots        validation curves of runs in one figure
     diagnostics  measurements of the residual stream: gradient norms, update statistics
     maps         the orthogonal Q/K/V maps computed once, in one batched call, for many forwards
+    decoding     text generation: the window, the one-token step (eager or compiled once), a sampler with no host sync
     hf           the Hugging Face format: pretrained weights into a run, a run out to a folder that transformers loads
                  (remote_code/: the files an export copies beside model.py)
 """

@@ -3,7 +3,7 @@
     python tools/bench.py config/shakespeare_add.py config/cpu.py
     python tools/bench.py config/shakespeare_add.py --variants=additive,rotation --steps=20 --repeats=9
     python tools/bench.py config/shakespeare_add.py --compile --profile=trace   # CUDA: add --peak_tflops if unknown
-    python tools/bench.py config/shakespeare_add.py --sample                    # generation, with and without the KV cache
+    python tools/bench.py config/shakespeare_add.py --sample --compile          # generation: cached, uncached, compiled
     python tools/bench.py config/shakespeare_add.py config/cpu.py --rules       # each update rule and Q/K/V map alone
 
 For each variant the config is rebuilt with that variant's keys, then timed on one real batch
@@ -14,10 +14,12 @@ variants are timed in interleaved rounds (A B C A B C ...) so that a machine who
 drifts biases none of them; each cell is the median over rounds, with the min-max spread, and
 the overhead against the first variant is the median of the per-round ratios (each variant
 against the first in the same round: paired, so drift between rounds cancels).
---sample times GPT.generate instead: --sample_tokens new tokens after a one-token prompt, batch
-1, top_k 200, with the DecodeCache and without (the same context window, so the same tokens);
-with --compile, generate(compile=True) in both, after one untimed generation of each that
-compiles every shape the timed ones meet.
+--sample times generation instead (orthogpt/decoding.py): --sample_tokens new tokens after a
+one-token prompt, batch 1, top_k 200, with the model's DecodeState ('cached', eager) and without
+('uncached': the whole window read for every token, the same tokens), and with --compile the
+cached step compiled ('compiled'). Each variant and decoder first makes one whole untimed
+generation (the compiled one compiles its step there), then the timed ones run in interleaved
+rounds; the time to compile is that first generation's time less the timed generations' median.
 --rules times forward + backward of each piece a variant adds, alone, at the config's shape: the
 update rule on (batch_size, block_size, n_embd) tensors (its wider stream where it keeps one), the
 orthogonal Q/K/V map of one layer, and every layer's maps in one batched call (as training
@@ -42,10 +44,11 @@ from torch.autograd import DeviceType
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 import configure  # noqa: E402
 from model import QKV_MAPS, RESIDUALS, OrthogonalQKV, copied  # noqa: E402
-from orthogpt import diagnostics, errors, parallel  # noqa: E402
+from orthogpt import decoding, diagnostics, errors, parallel  # noqa: E402
 from orthogpt.errors import UserError  # noqa: E402
 from orthogpt.run import setup  # noqa: E402
 
+DECODERS = {'cached': dict(), 'uncached': dict(use_cache=False), 'compiled': dict(compile=True)}  # --sample's
 PEAK_TFLOPS = {'H100': 989.0, 'H200': 989.0, 'A100': 312.0, 'L4': 121.0, 'A10': 125.0}  # bf16 dense
 
 
@@ -108,19 +111,19 @@ class Runner:
         self.sync()
         return time.perf_counter() - t0
 
-    def time_sampling(self, new_tokens, use_cache):
-        """Generated tokens per second of one GPT.generate call."""
+    def time_sampling(self, new_tokens, decoder):
+        """Seconds of one generation by `decoder` (one of DECODERS)."""
         self.run.raw_model.eval()
         prompt = torch.zeros(1, 1, dtype=torch.long, device=self.run.env.device)
         generator = torch.Generator(self.run.env.device).manual_seed(0)
         self.sync()
         t0 = time.perf_counter()
         with self.run.env.autocast:
-            self.run.raw_model.generate(prompt, new_tokens, top_k=200, generator=generator, use_cache=use_cache,
-                              compile=self.run.cfg.compile)
+            decoding.generate(self.run.raw_model, prompt, new_tokens, top_k=200, generator=generator,
+                              **DECODERS[decoder])
         self.sync()
         self.run.raw_model.train()
-        return new_tokens / (time.perf_counter() - t0)
+        return time.perf_counter() - t0
 
     def sync(self):
         if self.run.env.device_type == 'cuda':
@@ -159,7 +162,8 @@ def main(argv=None):
     p.add_argument('--profile', default=None, help='write a torch profiler trace of each variant to this folder')
     p.add_argument('--dynamics', action='store_true',
                    help="also time train.py's --dynamics measurement against dynamics_interval steps")
-    p.add_argument('--sample', action='store_true', help='time generation with and without the KV cache instead')
+    p.add_argument('--sample', action='store_true',
+                   help='time generation instead: cached, uncached and, with --compile, compiled')
     p.add_argument('--sample_tokens', type=int, default=500, help='new tokens per timed generation')
     p.add_argument('--rules', action='store_true', help='time each update rule and Q/K/V map alone instead')
     args, rest = p.parse_known_args(argv)
@@ -278,28 +282,32 @@ def profile(runner, path, steps=3, top=15):
 def bench_sampling(runners, args):
     if any(r.run.task.unit != 'tok' for r in runners.values()):
         raise UserError("--sample times text generation; give a language-model config")
-    warmup = args.sample_tokens if args.compile else 8  # compiled: past every window move, as timed
-    # GPT.forward's compiled variants are guarded on the model; one model's decoding makes about
-    # five (cached at the first and at later positions, uncached per prompt length and window
-    # stride), so the default limit of 8 would send the later models back to eager mode
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 8 * len(runners))
-    for r in runners.values():
-        r.time_sampling(warmup, True), r.time_sampling(warmup, False)
-    rates = {(v, c): [] for v in runners for c in (True, False)}
+    decoders = [d for d in DECODERS if args.compile or d != 'compiled']
+    # the compiled step is one function, compiled once for each model (each a variant)
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, len(runners))
+    first = {(v, d): r.time_sampling(args.sample_tokens, d) for v, r in runners.items() for d in decoders}
+    times = {key: [] for key in first}
     for _ in range(args.repeats):
         for v, r in runners.items():
-            for c in (True, False):
-                rates[v, c].append(r.time_sampling(args.sample_tokens, c))
-    first = next(iter(runners.values()))
-    c = first.run.cfg
-    print(f"{first.run.env.device}, {torch.get_num_threads()} threads, compile={args.compile}; {c.n_layer} layers x {c.n_embd}, "
-          f"block {c.block_size}; {args.sample_tokens} new tokens after a 1-token prompt, batch 1, window shift "
-          f"block // 4; median of {args.repeats} interleaved rounds")
-    print("| variant | tokens/s, KV cache | tokens/s, no cache | speed-up |")
-    print("|---|---|---|---|")
+            for d in decoders:
+                times[v, d].append(r.time_sampling(args.sample_tokens, d))
+    r0 = next(iter(runners.values()))
+    c = r0.run.cfg
+    print(f"{r0.run.env.device}, {r0.run.env.dtype}, {torch.get_num_threads()} threads; {c.n_layer} layers x "
+          f"{c.n_embd}, block {c.block_size}; {args.sample_tokens} new tokens after a 1-token prompt, batch 1, top_k "
+          f"200, window shift block // 4; median of {args.repeats} interleaved rounds, after one untimed generation "
+          f"of each")
+    columns = ['cached tokens/s', 'uncached tokens/s', 'cached / uncached']
+    columns += ['compiled tokens/s', 'compiled / cached', 'time to compile, s'] if args.compile else []
+    print(f"| variant | {' | '.join(columns)} |")
+    print('|---' * (len(columns) + 1) + '|')
     for v in runners:
-        med = {k: median(rates[v, k]) for k in (True, False)}
-        print(f"| {v} | {med[True]:,.0f} | {med[False]:,.0f} | {med[True] / med[False]:.1f}x |")
+        rate = {d: args.sample_tokens / median(times[v, d]) for d in decoders}
+        cells = [f"{rate['cached']:,.0f}", f"{rate['uncached']:,.0f}", f"{rate['cached'] / rate['uncached']:.1f}x"]
+        if args.compile:
+            cells += [f"{rate['compiled']:,.0f}", f"{rate['compiled'] / rate['cached']:.1f}x",
+                      f"{first[v, 'compiled'] - median(times[v, 'compiled']):.1f}"]
+        print(f"| {v} | {' | '.join(cells)} |")
 
 
 def update(rule, x, u, g):

@@ -2,7 +2,7 @@
 
 model.py beside this file is OrthoGPT's own model code, copied verbatim when the model was exported; this file
 only fits its GPT to transformers' conventions: input_ids in, logits out, `labels` shifted inside for the loss,
-and generate() with the GPT's own decoding cache (model.DecodeCache) as the cache between steps. In OrthoGPT's
+and generate() with the GPT's own decoding state (model.DecodeState) as the cache between steps. In OrthoGPT's
 repository it lies in orthogpt/remote_code/, which orthogpt/hf.py's export copies beside model.py: it runs there.
 """
 
@@ -13,12 +13,12 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .configuration_orthogpt import OrthoGPTConfig
-from .model import GPT, DecodeCache, GPTConfig
+from .model import GPT, DecodeState, GPTConfig
 
 
-class OrthoGPTCache(DecodeCache):
-    """The GPT's decoding cache, which generate() carries from step to step. Every tensor it holds has the batch
-    first, so beam search reorders it by rows."""
+class OrthoGPTCache(DecodeState):
+    """The GPT's decoding state, which generate() carries from step to step. Every buffer it holds has the batch
+    first, so beam search reorders it by rows, in place (its buffers keep their addresses)."""
 
     def reorder_cache(self, beam_idx):
         for tensors in self.buffers.values():
@@ -51,18 +51,20 @@ class OrthoGPTForCausalLM(PreTrainedModel, GenerationMixin):
             if m is module:
                 getattr(m, name).copy_(value)
 
-    def forward(self, input_ids, attention_mask=None, cache=None, labels=None, use_cache=False, **kwargs):
+    def forward(self, input_ids, attention_mask=None, cache=None, labels=None, use_cache=False, logits_to_keep=0,
+                **kwargs):
         """logits (B, T, vocab) for input_ids (B, T); with labels (B, T), usually input_ids themselves, the mean
         cross-entropy of each next token (the shift is made here; -100 marks a label to ignore). use_cache, which
-        generate() passes, starts a cache; with one, input_ids continue the sequence it has seen. The GPT reads
-        no padding mask: padding may only end a row, where no earlier position sees it. kwargs: what generate() and
-        transformers' Trainer pass that this model has no use for (return_dict, num_items_in_batch, ...)."""
+        generate() passes, starts a cache; with one, input_ids continue the sequence it has seen. logits_to_keep: the
+        last positions whose logits are computed (0: all; generate() asks for 1, which the head then reads alone). The
+        GPT reads no padding mask: padding may only end a row, where no earlier position sees it. kwargs: what
+        generate() and transformers' Trainer pass that this model has no use for (return_dict, num_items_in_batch)."""
         if attention_mask is not None and (attention_mask[:, 1:] > attention_mask[:, :-1]).any():
             raise ValueError("OrthoGPT models take no padding before a token (left padding): pad on the right, or "
                              "generate for one prompt, or prompts of one length, at a time")
         if use_cache and cache is None:
-            cache = OrthoGPTCache(self.gpt.config.block_size)
-        logits, _ = self.gpt(input_ids, cache=cache)
+            cache = OrthoGPTCache(self.gpt.config.block_size, input_ids.device)
+        logits = self.gpt(input_ids, cache=cache, last=logits_to_keep == 1)[0][:, -logits_to_keep:]
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten().to(logits.device),

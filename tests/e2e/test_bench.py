@@ -42,6 +42,18 @@ def test_the_sampling_table(char_data, capsys, tables):
         assert tables.number(speedup) == pytest.approx(tables.number(cached) / tables.number(uncached), abs=0.06)
 
 
+def test_the_sampling_table_with_the_compiled_step(char_data, capsys, tables):
+    """--compile adds the compiled step's rate, its ratio to the eager cached one's and the time its first
+    generation spent compiling, for each model (each compiled on its own)."""
+    bench.main([os.path.join(ROOT, 'config', 'shakespeare_add.py'), *TINY, f'--data_dir={char_data}', '--sample',
+                '--sample_tokens=20', '--variants=additive,rotation', '--compile', '--repeats=1'])
+    table = tables.cells(capsys.readouterr().out)
+    assert list(table) == ['additive', 'rotation']
+    for cached, uncached, speedup, compiled, ratio, to_compile in table.values():
+        assert tables.number(compiled) > 0 and tables.number(to_compile) > 0
+        assert tables.number(ratio) == pytest.approx(tables.number(compiled) / tables.number(cached), abs=0.06)
+
+
 def test_the_rules_table(char_data, capsys, tables):
     bench.main([os.path.join(ROOT, 'config', 'shakespeare_add.py'), *TINY, f'--data_dir={char_data}', '--rules'])
     table = tables.cells(capsys.readouterr().out)

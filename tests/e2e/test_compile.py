@@ -1,10 +1,11 @@
-"""torch.compile on every variant: training's forward and backward in one graph, decoding's cached
-steps and windows under dynamic shapes, and generate(compile=True) with the default compiler."""
+"""torch.compile on every variant: training's forward and backward in one graph, decoding's step
+through the fixed-shape state in one graph compiled once, and generation with the default compiler."""
 
 import pytest
 import torch
 
-from model import GPT, DecodeCache
+from model import GPT, DecodeState
+from orthogpt import decoding
 from orthogpt.maps import maps_held
 
 VARIANTS = [dict(residual='additive'), dict(residual='rotation'), dict(residual='ngpt'),
@@ -40,42 +41,50 @@ def test_compiles_in_one_graph(variant, qkv, gpt_config):
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
-DECODERS = [dict(residual='additive', qkv='cayley'), dict(residual='rotation'),
+DECODERS = [dict(residual='additive', qkv='cayley'), dict(residual='rotation'), dict(residual='ngpt', qkv='exp'),
             dict(residual='orthogonal', ortho_mode='feature'), dict(residual='orthogonal', ortho_mode='global'),
-            dict(residual='hc'), dict(residual='mhc')]
+            dict(residual='hc'), dict(residual='mhc'), dict(residual='mhc', mhc_res='identity'),
+            dict(residual='mhc', mhc_res='permutation'), dict(residual='mhc', mhc_res='cayley')]
+
+
+@pytest.fixture
+def no_recompiles():
+    """A recompile raises: every call after the first must reuse the one compiled graph."""
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        yield
 
 
 @pytest.mark.parametrize('variant', DECODERS, ids=lambda v: '-'.join(map(str, v.values())))
-def test_decoding_compiles_in_one_graph(variant, gpt_config):
-    """What generate(compile=True) compiles, a cached step at any position and an uncached window
-    of any length, traces without a graph break under dynamic shapes and gives eager mode's logits."""
-    torch._dynamo.reset()
+def test_decoding_through_the_state_compiles_once_in_one_graph(variant, gpt_config, no_recompiles):
+    """The one-token forward through a DecodeState traces without a graph break, has the same shapes at every
+    position and after the window is read again from position 0 (so it compiles once), and gives eager mode's
+    logits."""
     torch.manual_seed(0)
     model = GPT(gpt_config(**variant)).eval()
-    compiled = torch.compile(model, backend='aot_eager', dynamic=True, fullgraph=True)
-    idx = torch.randint(11, (2, 12))
+    compiled = torch.compile(model, backend='aot_eager', fullgraph=True, dynamic=False)
+    idx = torch.randint(11, (2, 16))
+    state = DecodeState(model.config.block_size)
     with torch.inference_mode(), maps_held(model):
-        full, _ = model(idx)
-        cache = DecodeCache(model.config.block_size)
-        pieces = [model(idx[:, :5], cache=cache)[0]] + [compiled(idx[:, t:t + 1], cache=cache)[0] for t in range(5, 12)]
-        windows = [compiled(idx[:, :t])[0] for t in (7, 12)]
-    torch.testing.assert_close(torch.cat(pieces, 1), full, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(windows[0], full[:, :7], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(windows[1], full, rtol=1e-5, atol=1e-5)
+        for window in (idx, idx[:, 7:]):  # the second: the window moved on, into the same buffers
+            full, _ = model(window)
+            state.pos.zero_()
+            pieces = [model(window[:, :5], cache=state)[0]]  # the buffers' first forward, eager
+            pieces += [compiled(window[:, t:t + 1], cache=state)[0] for t in range(5, window.shape[1])]
+            torch.testing.assert_close(torch.cat(pieces, 1), full, rtol=1e-5, atol=1e-5)
 
 
-def test_compiled_generation_draws_the_same_tokens(gpt_config):
-    """generate(compile=True), with the default compiler, past two moves of the window; a second
-    call reuses the compiled code (the Cayley maps it holds are new tensors each call)."""
-    torch._dynamo.reset()
+def test_compiled_generation_draws_the_same_tokens(gpt_config, no_recompiles):
+    """Generation with the step compiled (decoding.compiled: the default compiler, fullgraph=True), 300 tokens
+    past many moves of the window with no recompile, draws the tokens that the eager step and the uncached
+    forward draw from the same seed; a second generation reuses the compiled step."""
     torch.manual_seed(0)
-    model = GPT(gpt_config(residual='orthogonal', qkv='cayley')).eval()
+    model = GPT(gpt_config(residual='orthogonal', ortho_mode='global', qkv='cayley')).eval()
     prompt = torch.randint(11, (1, 3))
 
-    def run(use_cache, compile):
-        return model.generate(prompt, 24, top_k=8, use_cache=use_cache, compile=compile,
-                              generator=torch.Generator().manual_seed(3))
-    runs = [run(True, True), run(False, True), run(False, False)]
-    assert torch.equal(runs[0], runs[2]) and torch.equal(runs[1], runs[2])
-    with torch.compiler.set_stance('fail_on_recompile'):
-        assert torch.equal(run(True, True), runs[2])
+    def run(**how):
+        return decoding.generate(model, prompt, 300, top_k=8, generator=torch.Generator().manual_seed(3), **how)
+    compiled = run(compile=True)
+    assert compiled.shape == (1, 303)
+    assert torch.equal(compiled, run()) and torch.equal(compiled, run(use_cache=False))
+    assert torch.equal(run(compile=True), compiled)

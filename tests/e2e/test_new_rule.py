@@ -1,6 +1,7 @@
 """A fifth residual rule, defined here and registered, works everywhere with no project file edited:
 the config and --help, training and its after-step hook, sample.py, resume and its checks,
-torch.compile, cached decoding, the gradient-norm diagnostic, the dynamics statistics and bench.py."""
+torch.compile, decoding through the state, the gradient-norm diagnostic, the dynamics statistics and bench.py;
+and a rule that mixes positions keeps its own per-position terms in the decode state."""
 
 import math
 import os
@@ -11,8 +12,8 @@ import torch.nn as nn
 
 import configure
 import sample
-from model import GPT, RESIDUALS, GPTConfig, ResidualUpdate, register
-from orthogpt import checkpoint, diagnostics
+from model import GPT, RESIDUALS, DecodeState, GPTConfig, ResidualUpdate, register
+from orthogpt import checkpoint, decoding, diagnostics
 from orthogpt.errors import UserError
 from tools import bench
 
@@ -94,13 +95,46 @@ def test_it_compiles_in_one_graph():
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
-def test_cached_decoding_gives_the_full_forward_and_the_same_tokens(decodes_in_pieces):
+def test_decoding_through_the_state_gives_the_full_forward_and_the_same_tokens(decodes_in_pieces):
     net = GPT(GPTConfig(residual='sphere', **TINY_GPT)).double().eval()
     idx = torch.randint(11, (3, 16))
     decodes_in_pieces(net, idx)
-    runs = [net.generate(idx[:, :3], 30, top_k=5, use_cache=c, generator=torch.Generator().manual_seed(0))
+    runs = [decoding.generate(net, idx[:, :3], 30, top_k=5, use_cache=c, generator=torch.Generator().manual_seed(0))
             for c in (True, False)]
     assert torch.equal(*runs)
+
+
+class RunningMean(ResidualUpdate):
+    """x_next = x + the mean of u over positions <= t: a causal rule that mixes positions, so that decoding keeps
+    every position's u in the decode state (cache.write) and each query averages those it sees. A toy."""
+
+    def forward(self, x, u, cache=None):
+        if cache is None:
+            sums, counts = u.cumsum(-2), torch.arange(1, u.shape[-2] + 1, dtype=u.dtype, device=u.device)[:, None]
+        else:
+            seen = cache.visible.to(u.dtype)  # (T, block_size)
+            sums, counts = seen @ cache.write(self, u, dim=-2)[0], seen.sum(-1, keepdim=True)
+        return x + sums / counts
+
+
+def test_a_rule_that_mixes_positions_keeps_its_terms_in_the_decode_state(registered, decodes_in_pieces):
+    registered('running_mean', RunningMean)
+    net = GPT(GPTConfig(residual='running_mean', **TINY_GPT)).double().eval()
+    idx = torch.randint(11, (3, 16))
+    decodes_in_pieces(net, idx)
+    state = DecodeState(16)
+    net(idx, cache=state)
+    means = [m for m in net.modules() if isinstance(m, RunningMean)]
+    assert len(means) == 4 and all([b.shape for b in state.buffers[id(m)]] == [(3, 16, 16)] for m in means)  # every u
+    runs = [decoding.generate(net, idx[:, :3], 30, top_k=5, use_cache=c, generator=torch.Generator().manual_seed(0))
+            for c in (True, False)]
+    assert torch.equal(*runs)
+    torch._dynamo.reset()
+    compiled = torch.compile(net, backend='aot_eager', fullgraph=True, dynamic=False)
+    with torch.no_grad():
+        state.pos.zero_()
+        pieces = [net(idx[:, :4], cache=state)[0]] + [compiled(idx[:, t:t + 1], cache=state)[0] for t in range(4, 16)]
+    torch.testing.assert_close(torch.cat(pieces, 1), net(idx)[0], rtol=0, atol=1e-10)
 
 
 def test_the_diagnostics_measure_it(grad_norms):

@@ -1,5 +1,5 @@
 """A rule with a wider stream, defined here and registered, works with no project file edited:
-training and resume, sample.py, cached decoding, torch.compile and the gradient-norm diagnostic."""
+training and resume, sample.py, decoding through the state, torch.compile and the gradient-norm diagnostic."""
 
 import pytest
 import torch
@@ -49,7 +49,7 @@ def test_it_trains_resumes_and_samples(run, logs, capsys):
     assert capsys.readouterr().out.startswith('ROMEO:')
 
 
-def test_cached_decoding_and_compile_see_the_wide_stream(decodes_in_pieces):
+def test_decoding_through_the_state_and_compile_see_the_wide_stream(decodes_in_pieces):
     net = GPT(GPTConfig(residual='twins', **TINY_GPT)).double().eval()
     idx = torch.randint(11, (3, 16))
     full = decodes_in_pieces(net, idx)

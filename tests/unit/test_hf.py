@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from model import GPT, RESIDUALS, GPTConfig, ResidualUpdate
-from orthogpt import hf
+from orthogpt import decoding, hf
 from orthogpt.errors import UserError
 from tools import eval_hellaswag
 
@@ -126,7 +126,7 @@ def test_transformers_loads_every_rule_with_its_logits_loss_and_greedy_tokens(va
     with torch.no_grad():  # labels: the input ids themselves, shifted inside as transformers' models do
         torch.testing.assert_close(theirs(idx, labels=idx).loss, model(idx[:, :-1], idx[:, 1:])[1], rtol=0, atol=1e-5)
     prompt, n = idx[:, :3], 13  # up to block_size
-    greedy = model.generate(prompt, n, top_k=1)
+    greedy = decoding.generate(model, prompt, n, top_k=1)
     for use_cache in (True, False):
         assert torch.equal(theirs.generate(prompt, max_new_tokens=n, do_sample=False, use_cache=use_cache), greedy)
     beams = [theirs.generate(prompt, max_new_tokens=n, num_beams=3, use_cache=c) for c in (True, False)]

@@ -1,5 +1,5 @@
 """GPT-level behaviour: causality, the rotation model's norms, orthogonal Q/K/V, initialisation,
-cached decoding."""
+decoding through the fixed-shape state, and the sampler."""
 
 import itertools
 import math
@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from model import GPT, AdditiveUpdate, DecodeCache, OrthogonalQKV, OrthogonalUpdate, RotationUpdate
+from model import GPT, AdditiveUpdate, DecodeState, OrthogonalQKV, OrthogonalUpdate, RotationUpdate
+from orthogpt import decoding
 from orthogpt.maps import maps_held
 
 
@@ -208,7 +209,7 @@ def test_top_k_one_is_greedy_decoding_over_a_sliding_window(gpt_config):
     block_size tokens (shift=1, nanoGPT's sliding window), as written out by hand here."""
     model = GPT(gpt_config(residual='rotation')).eval()
     prompt = torch.randint(11, (2, 3))
-    out = model.generate(prompt, 30, temperature=2.0, top_k=1, shift=1, use_cache=False)
+    out = decoding.generate(model, prompt, 30, temperature=2.0, top_k=1, shift=1, use_cache=False)
     idx = prompt
     with torch.no_grad():
         for _ in range(30):
@@ -217,41 +218,60 @@ def test_top_k_one_is_greedy_decoding_over_a_sliding_window(gpt_config):
     assert out.shape == (2, 33) and torch.equal(out, idx)
     assert not out.is_inference()  # generated in inference mode, returned fit for training on
     with pytest.raises(ValueError, match='shift=17'):
-        model.generate(torch.zeros(1, 3, dtype=torch.long), 1, shift=17)
+        decoding.generate(model, torch.zeros(1, 3, dtype=torch.long), 1, shift=17)
 
 
-CACHED = [dict(variant, qkv=qkv) for variant in VARIANTS for qkv in ('dense', 'cayley')] + [dict(qkv='exp')]
+# every rule, mHC with each constraint of H_res; with the orthogonal Q/K/V maps below
+RULES = VARIANTS + [dict(residual='mhc', mhc_res=res) for res in ('identity', 'permutation', 'cayley')]
 
 
-@pytest.mark.parametrize('variant', CACHED, ids=lambda v: '-'.join(map(str, v.values())))
-def test_decoding_in_pieces_gives_the_full_forward(variant, gpt_config):
-    """Feeding a sequence through a DecodeCache in pieces (a prompt, single tokens, a chunk)
-    reproduces one full forward's logits at every position, in float64."""
+@pytest.mark.parametrize('variant', [dict(v, qkv=qkv) for v in RULES for qkv in ('dense', 'cayley')] + [
+    dict(residual='orthogonal', ortho_mode='global', qkv='exp'), dict(residual='mhc', qkv='exp')],
+    ids=lambda v: '-'.join(map(str, v.values())))
+def test_decoding_through_the_state_gives_the_full_forward(variant, gpt_config, decodes_in_pieces):
+    """Windows fed through one DecodeState in pieces, moved on twice into the same buffers, give one full
+    forward's logits at every position, in float64 (decodes_in_pieces)."""
     model = GPT(gpt_config(**variant)).double()
     train_steps(model, steps=3)
-    model.eval()
-    idx = torch.randint(11, (3, 16))
-    full, _ = model(idx)
-    cache, pieces = DecodeCache(model.config.block_size), []
-    for a, b in ((0, 5), (5, 6), (6, 7), (7, 12), (12, 16)):
-        pieces.append(model(idx[:, a:b], cache=cache)[0])
-    assert cache.pos == 16
-    torch.testing.assert_close(torch.cat(pieces, 1), full, rtol=0, atol=1e-10)
-    with pytest.raises(ValueError, match='exceeds block_size'):
-        model(idx[:, :1], cache=cache)
+    decodes_in_pieces(model.eval(), torch.randint(11, (3, 16)))
 
 
-@pytest.mark.parametrize('variant', CACHED, ids=lambda v: '-'.join(map(str, v.values())))
+def test_the_state_keeps_its_buffers_and_its_position_on_the_device(gpt_config):
+    """The buffers are allocated at the first forward and then written in place, whatever the position; the
+    position is a tensor; the head can read the last position alone; past block_size is an error."""
+    model = GPT(gpt_config(residual='orthogonal', ortho_mode='global')).double().eval()
+    idx = torch.randint(11, (2, 16))
+    state = DecodeState(16)
+    with torch.no_grad():
+        full, _ = model(idx)
+        last, _ = model(idx[:, :9], cache=state, last=True)
+        torch.testing.assert_close(last, full[:, 8:9], rtol=0, atol=1e-10)
+        addresses = [t.data_ptr() for ts in state.buffers.values() for t in ts]
+        assert len(addresses) == 2 * 2 + 2 * 2 * 2  # each layer's keys and values, each sublayer's two running sums
+        assert all(t.shape[-2] == 16 for ts in state.buffers.values() for t in ts)
+        for t in range(9, 16):
+            model(idx[:, t:t + 1], cache=state)
+        assert state.pos.item() == 16 and torch.is_tensor(state.pos)
+        with pytest.raises(RuntimeError, match='decoding past block_size=16'):
+            model(idx[:, :1], cache=state)
+        state.pos.zero_()
+        model(idx[:, 3:5], cache=state)
+    assert [t.data_ptr() for ts in state.buffers.values() for t in ts] == addresses
+
+
+@pytest.mark.parametrize('variant', [dict(residual='orthogonal', ortho_mode='global', qkv='cayley'),
+                                     dict(residual='ngpt'), dict(residual='mhc', mhc_res='permutation')],
+                         ids=lambda v: '-'.join(map(str, v.values())))
 @pytest.mark.parametrize('shift', [1, 5])
 def test_cached_generation_draws_the_same_tokens(variant, shift, gpt_config):
     """Past block_size the window moves (by one token, or five at a time); cached and uncached
-    generation sample the same tokens from the same generator."""
+    generation sample the same tokens from the same generator (every rule's state: the test above)."""
     model = GPT(gpt_config(**variant)).double()
     train_steps(model, steps=3)
     model.eval()
     prompt = torch.randint(11, (2, 4))
-    runs = [model.generate(prompt, 40, top_k=8, shift=shift, use_cache=c,
-                           generator=torch.Generator().manual_seed(3)) for c in (True, False)]
+    runs = [decoding.generate(model, prompt, 40, top_k=8, shift=shift, use_cache=c,
+                              generator=torch.Generator().manual_seed(3)) for c in (True, False)]
     assert runs[0].shape == (2, 44)
     assert torch.equal(runs[0], runs[1])
 
@@ -261,8 +281,33 @@ def test_generation_maps_orthogonal_weights_once(monkeypatch, gpt_config):
     calls = []
     inv_ex = torch.linalg.inv_ex
     monkeypatch.setattr(torch.linalg, 'inv_ex', lambda *a, **k: calls.append(a[0].shape) or inv_ex(*a, **k))
-    model.generate(torch.zeros(1, 2, dtype=torch.long), 30)
+    decoding.generate(model, torch.zeros(1, 2, dtype=torch.long), 30)
     assert calls == [(3, 16, 16)] * model.config.n_layer  # each layer's maps once, not once per token
+
+
+def chi_square_p(counts, probs):
+    """The p-value of Pearson's chi-square test of counts (k,) against probabilities probs (k,), all positive."""
+    expected = counts.sum() * probs
+    statistic = ((counts - expected) ** 2 / expected).sum()
+    return torch.special.gammaincc(torch.tensor((len(probs) - 1) / 2, dtype=torch.float64), statistic / 2).item()
+
+
+@pytest.mark.parametrize('temperature,top_k', [(1.0, None), (0.7, None), (1.5, 4)])
+def test_the_sampler_draws_what_softmax_and_multinomial_draw(temperature, top_k):
+    """decoding.sample (the Gumbel-max trick, no host sync) draws token i with probability
+    softmax(logits / temperature)_i over the top_k largest logits, 0 elsewhere: the distribution of
+    torch.multinomial(softmax(...)). Pearson's chi-square over 40,000 draws from a seeded generator,
+    with a test that rejects the distribution at temperature 1 when the sampler uses another."""
+    logits = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0], dtype=torch.float64)
+    n, V = 40_000, len(logits)
+    noise = torch.empty(n, V).exponential_(generator=torch.Generator().manual_seed(0))
+    counts = torch.bincount(decoding.sample(logits.expand(n, V), noise, temperature, top_k), minlength=V).double()
+    kept = torch.arange(V) < (top_k or V)  # the logits are sorted: the top_k are the first
+    assert counts[~kept].sum() == 0
+    probs = torch.softmax(logits[kept] / temperature, -1)
+    assert chi_square_p(counts[kept], probs) > 1e-3
+    if temperature != 1.0:
+        assert chi_square_p(counts[kept], torch.softmax(logits[kept], -1)) < 1e-6
 
 
 def test_the_gated_mlp_matches_the_standard_ones_parameters_unless_asked_for_4d(gpt_config):

@@ -1,0 +1,65 @@
+"""Text generation: tokens sampled one at a time after a prompt, each read against the model's DecodeState
+(model.py), the context window moved on past block_size, and the one-token step compiled once.
+
+    out = decoding.generate(model, idx, 500, temperature=0.8, top_k=200, compile=True)
+
+As in gpt-fast (pytorch-labs/gpt-fast): buffers of fixed shape written at a position tensor, a sampler with no host
+sync, and one compiled graph for the step, which a CUDA graph replays on a GPU (torch.compile's 'reduce-overhead').
+"""
+
+import torch
+from torch.nn.utils import parametrize
+
+from model import DecodeState
+
+
+def sample(logits, noise, temperature=1.0, top_k=None):
+    """Tokens (B,) drawn from softmax(logits / temperature) over the top_k largest logits (B, vocab), with no host sync:
+    the Gumbel-max trick, the argmax of logits / temperature - log(noise) for Exp(1) noise (B, vocab). The noise is kept
+    off 0, where a hidden logit's -inf would meet +inf."""
+    logits = logits.float() / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]  # (B, 1)
+        logits = torch.where(logits < kth, -float('inf'), logits)
+    return (logits - noise.clamp_min(torch.finfo(noise.dtype).tiny).log()).argmax(-1)
+
+
+def step(model, idx, noise, state, temperature=1.0, top_k=None):
+    """The token (B,) after idx (B, T), drawn with noise; with a DecodeState, idx continues its sequence and it takes
+    idx in. The one function that decodes, eager or compiled."""
+    return sample(model(idx, cache=state, last=True)[0][:, -1], noise, temperature, top_k)
+
+
+def compiled(device):
+    """step compiled in one graph of fixed shapes: replayed as a CUDA graph on a GPU, inductor's code alone
+    elsewhere."""
+    return torch.compile(step, mode='reduce-overhead' if device.type == 'cuda' else None, fullgraph=True,
+                         dynamic=False)
+
+
+def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None, use_cache=True, shift=None,
+             compile=False):
+    """idx (B, T) with max_new_tokens sampled tokens appended. Past block_size the window drops its oldest tokens
+    `shift` at a time (1: nanoGPT's sliding window; default block_size // 4). use_cache: one DecodeState for the whole
+    generation, into which each window is read once, then each new token alone; use_cache=False reads the whole
+    window for every token (the same tokens, up to rounding). compile: that one-token step compiled (`compiled`);
+    its first call compiles it, and later generations with the model reuse it."""
+    (B, T), block = idx.shape, model.config.block_size
+    shift = max(1, block // 4) if shift is None else shift
+    if not 1 <= shift <= block:
+        raise ValueError(f"shift={shift} must lie in [1, block_size={block}]")
+    one = compiled(idx.device) if compile else step
+    with torch.inference_mode(), parametrize.cached():  # Q/K/V maps computed once, not once per token
+        out = torch.cat([idx, idx.new_empty(B, max_new_tokens)], 1)  # every token, read back once at the end
+        state, start, fresh = DecodeState(block, idx.device) if use_cache else None, 0, True
+        for t in range(T, T + max_new_tokens):
+            noise = torch.empty(B, model.config.vocab_size, device=idx.device).exponential_(generator=generator)
+            if t - start > block:  # the window moves on
+                start, fresh = t - (block - shift + 1), True
+            if fresh or state is None:  # the whole window, eager (the state's buffers are allocated at its first)
+                if state is not None:
+                    state.pos.zero_()
+                out[:, t], fresh = step(model, out[:, start:t], noise, state, temperature, top_k), False
+            else:  # the last token alone, at the state's position
+                out[:, t] = one(model, out[:, t - 1:t], noise, state, temperature, top_k)
+    return out.clone()  # outside inference mode: usable in autograd
