@@ -41,7 +41,7 @@ def make_codec(meta):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--out_dir', default='out', help='folder with the checkpoint')
-    p.add_argument('--ckpt', default=None, help='file in out_dir (default: best.pt, else ckpt.pt)')
+    p.add_argument('--ckpt', default=None, help=checkpoint.CHOICE)
     p.add_argument('--start', default='\n', help='prompt text, or FILE:path to read it from a file')
     p.add_argument('--num_samples', type=int, default=3)
     p.add_argument('--max_new_tokens', type=int, default=500)

@@ -30,17 +30,18 @@ import signal
 import statistics
 import sys
 import time
+from contextlib import suppress
 from dataclasses import asdict, replace
 
 import torch
 
 import configure
-from orthogpt import checkpoint, diagnostics, errors, hf, lock, parallel
+from orthogpt import checkpoint, diagnostics, errors, hf, lock, logs, parallel
 from orthogpt.errors import UserError
 from orthogpt.estimate import check_cpu_run, format_time
 from orthogpt.files import write_text
 from orthogpt.logs import RunLog
-from orthogpt.optim import NonFinite, oom_advice, schedule
+from orthogpt.optim import NonFinite, oom_advice, schedule, warmup_note
 from orthogpt.run import setup
 from orthogpt.signals import Interrupt, Interrupted
 
@@ -56,10 +57,18 @@ def main(argv=None):
     cfg = configure.load(argv, given=given)
     was_deterministic = torch.are_deterministic_algorithms_enabled()
     env = parallel.setup(cfg)
+    fresh, failed = not os.path.exists(cfg.out_dir), False
     try:
         with parallel.master_holds(env, lambda: lock.hold(cfg.out_dir)):  # one run writes an out_dir
-            train(cfg, env, argv, given)
+            try:
+                train(cfg, env, argv, given)
+            except BaseException:
+                failed = fresh and env.master and discard(cfg.out_dir)
+                raise
     finally:
+        if failed:  # its lock released: the folder this run made, empty now
+            with suppress(OSError):
+                os.rmdir(cfg.out_dir)
         torch.use_deterministic_algorithms(was_deterministic)
         parallel.teardown(env)
 
@@ -152,11 +161,15 @@ def train(cfg, env, argv, given):
         log.close()
 
 
+RECENT = 5  # log intervals whose median speed gives the time left: it follows a machine that slows or speeds up
+
+
 def log_line(run, log, lossf, lr, dts):
     """Rank 0's line every log_interval iterations, printed and logged; dts: the seconds per iteration
-    of each interval so far, the last one's and their median's time left."""
+    of each interval so far, the last one's, and the time left at the median of the last RECENT."""
     dt, task = dts[-1], run.task
-    per_s, eta = task.items_per_iter / dt, statistics.median_high(dts) * (run.cfg.max_iters - run.counters.iter_num)
+    per_s = task.items_per_iter / dt
+    eta = statistics.median_high(dts[-RECENT:]) * (run.cfg.max_iters - run.counters.iter_num)
     print(f"iter {run.counters.iter_num}: loss {lossf:.4f}, lr {lr:.2e}, {dt * 1000:.1f} ms/iter, "
           f"{per_s:,.0f} {task.unit}/s{task.progress()}, eta {format_time(eta)}")
     log.write({'iter': run.counters.iter_num, 'loss': lossf, 'lr': lr, 'ms_per_iter': dt * 1000,
@@ -180,8 +193,8 @@ def starting_point(cfg, env, given):
     if cfg.init_from == 'resume':
         ckpt, path, refused = checkpoint.load_latest(cfg.out_dir)
         if env.master:
-            for _, reason in refused:
-                print(f"warning: {reason}")
+            if refused:
+                print(f"warning: {checkpoint.report(refused)}")
             print(f"resuming from {path} (iteration {ckpt['iter_num']})"
                   + (", the newest checkpoint that verifies" if refused else ""))
         saved = configure.from_dict(ckpt['config'])
@@ -212,6 +225,9 @@ def announce(run, log, pretrained):
           f"{task.items_per_iter:,} {task.unit} per iteration; {env.world} process(es) on {env.device}, {env.dtype}")
     names = {p: n for n, p in run.raw_model.named_parameters()}
     print('\n'.join('  ' + line for line in run.optimizer.summary(names)))
+    note = None if cfg.eval_only else warmup_note(cfg, c.schedule_start)
+    if note:
+        print(note)
     if c.iter_num == 0 and not cfg.eval_only:
         log.write({'iter': 0, 'event': 'start', 'parameters': params, f'flops_per_{task.item}': run.flops_per_item,
                    f'{task.item}s_per_iter': task.items_per_iter})
@@ -238,6 +254,18 @@ def check_nonfinite(run, nonfinite, log):
                         f"or with --nan_policy=skip")
     if run.env.master:
         print(f"warning: {report}")
+
+
+def discard(out_dir):
+    """Whether out_dir, made by a run that failed before its first log line, held only what such a run
+    writes (its lock, config.json, the log's start record), now removed but for the lock: no empty
+    folder is left behind. Anything else there keeps the whole folder as it is."""
+    names = set(os.listdir(out_dir)) - {lock.NAME}
+    if names - {'config.json', 'log.jsonl', 'dynamics.jsonl'} or any('loss' in r for r in logs.read(out_dir)):
+        return False
+    for name in names:
+        os.remove(os.path.join(out_dir, name))
+    return True
 
 
 if __name__ == '__main__':

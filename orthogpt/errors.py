@@ -10,6 +10,7 @@ that its failure report ends with it rather than with "To enable traceback see .
 import functools
 import json
 import os
+import re
 import sys
 import time
 
@@ -33,3 +34,14 @@ def entry(main):
                     json.dump({'message': text, 'timestamp': int(time.time())}, f)
             raise SystemExit(text) from None
     return run
+
+
+def one_line(text, limit=200):
+    """A library's message for one of ours: on one line, cut after its last whole sentence within
+    `limit` characters (the first sentence whole, however long), never in the middle of one."""
+    first, *rest = re.split(r'(?<=[.!?:])\s+(?=[A-Z])', ' '.join(text.split()))
+    for sentence in rest:
+        if len(first) + 1 + len(sentence) > limit:
+            break
+        first += ' ' + sentence
+    return first

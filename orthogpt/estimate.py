@@ -69,6 +69,25 @@ def cpu_command(argv):
     return shlex.join(['python', 'train.py', *files, cpu if near.startswith('..') else near, *overrides])
 
 
+def busy(threads, processes=1):
+    """A line naming a busy machine, or None: where the load average of the last minute leaves fewer
+    free cores than the run's threads on this machine (threads per process x its processes here).
+    Threads that wait for one another at every operation are slowed most by other jobs: on the busy
+    2-core VM, 2 threads took 4-11x the ms/iter of 1 thread, 9-26x that of 2 DDP processes of one
+    thread each (docs/performance.md, "Advice for CPU users")."""
+    cores, load = os.cpu_count() or 1, os.getloadavg()[0]
+    if cores - load >= threads * processes - 0.5:  # a core half used by others still serves
+        return None
+    advice = (f"one thread per process waits least under load: {FEWER}" if threads > 1 else
+              "it runs one thread per process already, which waits least under load")
+    return (f"note: this machine is busy: a load average of {load:.1f} on {cores} cores leaves about "
+            f"{max(cores - load, 0):.1f} free for this run's {threads * processes} threads, so its steps may take "
+            f"many times the estimate; {advice} (docs/performance.md, \"Advice for CPU users\")")
+
+
+FEWER = "OMP_NUM_THREADS=1 before the command, or torchrun with a process per core"
+
+
 def check_cpu_run(run, argv, iters, evals):
     """On a CPU: print how long `iters` iterations and `evals` evaluations of the Run will take. A
     run that did not ask for the CPU (device='auto' found no GPU) and would take over LIMIT stops
@@ -87,6 +106,9 @@ def check_cpu_run(run, argv, iters, evals):
         print(f"on this CPU: about {duration(statistics.median(total))} ({duration(total[0])} to {duration(total[-1])} "
               f"over {len(total)} timings of a training pass and an evaluation batch) for {iters} iterations and "
               f"{evals} evaluations")
+        hint = busy(torch.get_num_threads(), int(os.environ.get('LOCAL_WORLD_SIZE', 1)))
+        if hint:
+            print(hint)
         if cfg.device == 'auto' and total[0] > LIMIT:
             small = configure.load(shlex.split(cpu_command(argv))[2:])
             message = (f"this config is sized for a GPU ({cfg.n_layer} layers x {cfg.n_embd}, {task.items_per_iter:,} "

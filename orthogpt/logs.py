@@ -124,3 +124,8 @@ def read(out_dir_or_log, name='log'):
 def evaluations(records):
     """(iteration, val loss, top-1 or None) of each evaluation record."""
     return [(r['iter'], r['val_loss'], r.get('top1')) for r in records if 'val_loss' in r]
+
+
+def training(records):
+    """(iteration, training loss, None) of each training line's record, as evaluations() gives them."""
+    return [(r['iter'], r['loss'], None) for r in records if 'loss' in r]

@@ -14,20 +14,41 @@ from orthogpt.errors import UserError
 from orthogpt.parallel import local_norms, maps_of, synchronising, unwrapped
 
 
+WARMUP_SHARE = 0.2  # the most of a schedule its warmup takes: a short run warms up, peaks and decays
+
+
+def warmup(cfg, start=0):
+    """(the iterations of warmup, of the whole schedule) from `start`: warmup_iters, or WARMUP_SHARE
+    of the schedule where warmup_iters would take more of it (--max_iters=100 on a recipe that warms
+    up for 100 would end at its peak rate, never decaying)."""
+    decay_iters = (cfg.max_iters if cfg.lr_decay_iters is None else cfg.lr_decay_iters) - start
+    return min(cfg.warmup_iters, int(WARMUP_SHARE * decay_iters)), decay_iters
+
+
+def warmup_note(cfg, start=0):
+    """The line a run prints where warmup() shortens its warmup, or None."""
+    iters, decay_iters = warmup(cfg, start)
+    if not cfg.decay_lr or iters == cfg.warmup_iters:
+        return None
+    return (f"warmup_iters={cfg.warmup_iters} would take {cfg.warmup_iters / decay_iters:.0%} of the schedule's "
+            f"{decay_iters} iterations: warming up over {iters} instead, so that the rate peaks and decays")
+
+
 def get_lr(it, cfg, start=0):
-    """The learning rate at iteration it: linear warmup over warmup_iters from `start` (0, or where
-    the optimizer was reset), then cosine decay to min_lr_ratio of the peak at lr_decay_iters
-    (default: max_iters); Muon's rate follows the same fraction of its own peak."""
+    """The learning rate at iteration it: linear warmup from `start` (0, or where the optimizer was
+    reset) over warmup_iters, at most WARMUP_SHARE of the schedule, then cosine decay to
+    min_lr_ratio of the peak at lr_decay_iters (default: max_iters); Muon's rate follows the same
+    fraction of its own peak."""
     if not cfg.decay_lr:
         return cfg.learning_rate
     min_lr = cfg.learning_rate * cfg.min_lr_ratio
-    decay_iters = (cfg.max_iters if cfg.lr_decay_iters is None else cfg.lr_decay_iters) - start
+    warmup_iters, decay_iters = warmup(cfg, start)
     it -= start
-    if it < cfg.warmup_iters:
-        return cfg.learning_rate * (it + 1) / (cfg.warmup_iters + 1)
+    if it < warmup_iters:
+        return cfg.learning_rate * (it + 1) / (warmup_iters + 1)
     if it >= decay_iters:
         return min_lr
-    ratio = (it - cfg.warmup_iters) / (decay_iters - cfg.warmup_iters)
+    ratio = (it - warmup_iters) / (decay_iters - warmup_iters)
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg.learning_rate - min_lr)
 
 

@@ -75,11 +75,9 @@ class Run:
         checkpoint.save({**asdict(self.counters), 'model': None if folder else self.raw_model.state_dict(),
                          'optimizer': None if folder else self.optimizer.state_dict(), 'sharded': folder,
                          'scaler': self.scaler.state_dict(), 'streams': streams, 'config': json.dumps(asdict(cfg)),
-                         'meta': json.dumps(self.task.meta) if self.task.meta else None},
+                         'meta': json.dumps(self.task.meta) if self.task.meta else None, 'best': best},
                         os.path.join(cfg.out_dir, 'ckpt.pt'))
-        checkpoint.snapshot(cfg.out_dir, self.counters.iter_num, cfg.keep_last_n)
-        if best:
-            checkpoint.keep_best(cfg.out_dir)
+        checkpoint.retain(cfg.out_dir, self.counters.iter_num, cfg.keep_last_n, best)
         keep = checkpoint.named_folders(cfg.out_dir) if folder else None
         if keep is not None:
             sharded.prune(cfg.out_dir, keep)

@@ -56,7 +56,10 @@ and with --nproc=1 the median tokens/s (or images/s) of the training log lines a
 time of the runs; the speedup table (with --lengths). A run that failed or did not finish is named
 under its table with its exit status and the last lines it printed. OUT/curves.png: validation loss
 (and top-1 for images) against iteration, mean over seeds, a line per row (a dashed line at
---switch_at).
+--switch_at); where the runs evaluate fewer than 5 times, their training loss from the log lines.
+
+While the runs run, a line every --progress seconds (30) names the runs done, the iteration of each
+running one and the time left at the speed of the last two minutes.
 """
 
 import argparse
@@ -80,8 +83,9 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository: train.py
 sys.path.insert(0, ROOT)
 import configure  # noqa: E402
-from orthogpt import errors, files, lock, logs, plots, resume, signals  # noqa: E402
+from orthogpt import errors, files, lock, logs, plots, progress, resume, signals  # noqa: E402
 from orthogpt.errors import UserError  # noqa: E402
+from orthogpt.estimate import duration  # noqa: E402
 
 TUNING_SEED = 1337
 SEEDS = list(range(1, 100))  # the reported ones
@@ -164,6 +168,7 @@ class Result:
     rate: float | None  # the median of its log lines' tokens (images) per second
     ms: float | None  # the median of its log lines' ms per iteration
     curve: list  # logs.evaluations: [(iteration, val loss, top-1)]
+    log: list = field(default_factory=list)  # its log's records, for the figure
 
 
 @dataclass
@@ -302,7 +307,7 @@ def tune(args, extra):
         todo = [replace(c, setting=(*c.setting, *zip(grid, combo)))
                 for c in cases(args) for grid in [grids[c.label]] for combo in itertools.product(*grid.values())]
         runs = plan(args, extra, todo, [TUNING_SEED])
-        execute(runs, args.nproc)
+        execute(runs, args.nproc, args.progress)
         best = {}
         for r in sorted(runs, key=final_loss):
             best.setdefault(r.case.label, dict(r.case.setting[-len(keys):]))
@@ -348,8 +353,9 @@ def final_loss(run):
     return evals[-1][1] if finished(run) and math.isfinite(evals[-1][1]) else math.inf
 
 
-def execute(runs, nproc):
-    """Run the unfinished runs, nproc at a time; records each one's exit status and wall time."""
+def execute(runs, nproc, every):
+    """Run the unfinished runs, nproc at a time, with a progress line every `every` seconds (0: none);
+    records each one's exit status and wall time."""
     todo = [r for r in runs if not finished(r)]
     for r in runs:
         if r not in todo:
@@ -365,11 +371,51 @@ def execute(runs, nproc):
 
     signal.signal(signal.SIGTERM, terminate)
     try:
-        launch(todo, running, nproc, env, torch.cuda.device_count())
+        launch(todo, running, nproc, env, torch.cuda.device_count(), Progress(runs, every))
     except KeyboardInterrupt:  # let the runs save their checkpoints
         for job in running:
             job.proc.wait()
         raise SystemExit("interrupted; the same command resumes the unfinished runs")
+
+
+class Progress:
+    """The progress line of a set of runs, every `every` seconds: the runs done, the iteration of each
+    running one, and the time left at the speed of the last progress.WINDOW seconds, in iterations
+    (a run of another size costs more or less a step: the estimate follows as it runs)."""
+
+    def __init__(self, runs, every):
+        self.runs, self.every, self.speed = runs, every, progress.Speed()
+        self.looked = self.shown = time.monotonic()
+        self.look()
+
+    def look(self):
+        """{run: iterations(run)}, their work done seen by the speed."""
+        self.looked, done = time.monotonic(), {run: iterations(run) for run in self.runs}
+        self.speed.see(sum(it - first for it, first, _ in done.values()))
+        return done
+
+    def tick(self, todo, running):
+        """Looks at the runs every few seconds and prints the line when it is due: todo, the runs not
+        started; running, the Jobs."""
+        if not self.every or time.monotonic() - self.looked < min(5, self.every):
+            return
+        done = self.look()
+        if time.monotonic() - self.shown < self.every:
+            return
+        self.shown = time.monotonic()
+        left = self.speed.left(sum(last - it for it, _, last in done.values()))
+        at = ''.join(f"; {job.run.name} at iteration {done[job.run][0]} of {done[job.run][2]}" for job in running)
+        print(f"progress: {len(self.runs) - len(todo) - len(running)}/{len(self.runs)} runs done{at}; "
+              + (f"about {duration(left)} left at the recent speed" if left is not None else
+                 "the time left is known once the runs have logged iterations"), flush=True)
+
+
+def iterations(run):
+    """(the iteration its log has reached, where it started, where it ends): a second phase starts where
+    its first phase ends."""
+    first = run.after.cfg.max_iters if run.after else 0
+    last = run.cfg.max_iters
+    return min(max(max((r['iter'] for r in logs.read(run.out_dir)), default=0), first), last), first, last
 
 
 def keep(run):
@@ -407,10 +453,10 @@ def start(run):
             + (['--reset_optimizer=True'] if reset else [])), resuming
 
 
-def launch(todo, running, nproc, env, gpus):
-    """Keeps nproc runs going (Jobs in running) until every run in todo has ended; a second phase
-    waits until its first has exited and is dropped (reported as not run) when that one did not
-    finish."""
+def launch(todo, running, nproc, env, gpus, shown):
+    """Keeps nproc runs going (Jobs in running) until every run in todo has ended, their Progress
+    shown; a second phase waits until its first has exited and is dropped (reported as not run) when
+    that one did not finish."""
     slot = 0
 
     def waits(run):  # its first phase has not exited: it logs its last evaluation before its checkpoint
@@ -430,6 +476,7 @@ def launch(todo, running, nproc, env, gpus):
         for job in [j for j in running if j.proc.poll() is not None]:
             running.remove(job)
             ended(job)
+        shown.tick(todo, running)
 
 
 def spawn(run, env):
@@ -482,7 +529,7 @@ def result(run, log):
     return Result(seed=run.seed, best=min(x['val_loss'] for x in evals), final=evals[-1]['val_loss'],
                   top1=evals[-1].get('top1'), top5=evals[-1].get('top5'), wall=wall, unit=unit,
                   rate=statistics.median_high(rates) if rates else None,
-                  ms=statistics.median_high(steps) if steps else None, curve=logs.evaluations(log))
+                  ms=statistics.median_high(steps) if steps else None, curve=logs.evaluations(log), log=log)
 
 
 def failure(run):
@@ -799,6 +846,9 @@ def parse_args(argv):
                    help="add a column: when each run first reached GROUP's mean final val loss (a row's label), "
                         "or a val loss given as a number")
     p.add_argument('--out', default='out-compare', help='folder for the runs, results.md and curves.png')
+    p.add_argument('--progress', type=float, default=progress.EVERY, metavar='SECONDS',
+                   help='seconds between progress lines: the runs done, the running ones\' iterations, the time left '
+                        '(0: none)')
     args, extra = p.parse_known_args(argv)
     bad = [a for a in extra if not a.startswith('--') or '=' not in a]
     if bad:
@@ -828,14 +878,14 @@ def compare(args, extra, argv):
     """main()'s comparison, its --out held: the runs, results.md and curves.png; the rows."""
     chosen, tuning = tune(args, extra) if args.tune else (cases(args), {})
     runs = plan(args, extra, chosen, SEEDS[:args.seeds], args.lengths or (None,))
-    execute(runs, args.nproc)
+    execute(runs, args.nproc, args.progress)
     rows = read_rows(runs)
     analysis = analyse(rows, args.baseline, args.reach, by_length=bool(args.lengths) and len(args.lengths) > 1)
     command = 'python tools/compare.py ' + shlex.join(sys.argv[1:] if argv is None else argv)
     text = report(args, command, rows, analysis, tuning, {c.label for c in chosen})
     files.write_text(os.path.join(args.out, 'results.md'), text)
     print(text)
-    plots.curves({label: [r.curve for r in row.results] for label, row in rows.items()},
+    plots.curves({label: [r.log for r in row.results] for label, row in rows.items()},
                  os.path.join(args.out, 'curves.png'), args.switch_at)
     return rows
 

@@ -29,7 +29,7 @@ from model import GPT, GPTConfig  # noqa: E402
 from orthogpt import bpe, checkpoint, errors, hf, hub, progress  # noqa: E402
 from orthogpt.maps import maps_held  # noqa: E402
 from orthogpt.device import autocast, resolve_device, resolve_dtype  # noqa: E402
-from orthogpt.errors import UserError  # noqa: E402
+from orthogpt.errors import UserError, one_line  # noqa: E402
 
 
 def load_examples(path, split, limit):
@@ -47,7 +47,7 @@ def load_examples(path, split, limit):
             import datasets
             rows = datasets.load_dataset('Rowan/hellaswag', split=split)
         except Exception as e:
-            raise UserError(f"could not load Rowan/hellaswag ({type(e).__name__}: {str(e)[:200]}); offline, "
+            raise UserError(f"could not load Rowan/hellaswag ({type(e).__name__}: {one_line(str(e))}); offline, "
                              f"pass --data=hellaswag_val.jsonl (the original release's file)") from None
     rows = list(rows)[:limit] if limit else list(rows)
     return [{'ctx': r['ctx'], 'endings': list(r['endings']), 'label': int(r['label'])} for r in rows]
@@ -97,9 +97,9 @@ def load_model(args, device):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group()
-    src.add_argument('--out_dir', default='out', help="a run's folder (its best.pt, else ckpt.pt)")
+    src.add_argument('--out_dir', default='out', help="a run's folder")
     src.add_argument('--init_from', default=None, help="pretrained weights: 'gpt2', ..., or a Hugging Face folder")
-    p.add_argument('--ckpt', default=None, help='file in out_dir')
+    p.add_argument('--ckpt', default=None, help=checkpoint.CHOICE)
     p.add_argument('--data', default=None, help='a jsonl file in the original format (default: Rowan/hellaswag)')
     p.add_argument('--split', default='validation')
     p.add_argument('--limit', type=int, default=None, help='score only the first N examples')

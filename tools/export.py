@@ -1,6 +1,6 @@
 """Export a run's language model in the Hugging Face format (orthogpt/hf.py), for transformers.
 
-    python tools/export.py --out_dir=out-shakespeare-rot --to=hf-rot      # best.pt, else ckpt.pt (--ckpt=NAME)
+    python tools/export.py --out_dir=out-shakespeare-rot --to=hf-rot      # its best.pt (--ckpt=NAME)
 
 A GPT with GPT-2's architecture (LayerNorm and Linear biases, activation='gelu_tanh', tied head,
 dense Q/K/V) whose updates are all additive (what init_from='gpt2' and config/gpt2_tiny_cpu.py
@@ -32,7 +32,7 @@ from orthogpt import checkpoint, errors, hf  # noqa: E402
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--out_dir', default='out', help="the run's folder")
-    p.add_argument('--ckpt', default=None, help='file in out_dir (default: best.pt, else ckpt.pt)')
+    p.add_argument('--ckpt', default=None, help=checkpoint.CHOICE)
     p.add_argument('--to', required=True, help='the folder to write')
     args = p.parse_args(argv)
     model, ckpt, cfg = checkpoint.load_language_model(args.out_dir, args.ckpt)

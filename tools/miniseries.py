@@ -23,9 +23,10 @@ tokens per parameter of the blocks; it scales the learning_rate set before it to
 compare.py keeps finished runs, resumes interrupted ones from their checkpoints and writes
 OUT/results.md (the paired differences at each depth) and OUT/curves.png: the same command after an
 interruption (Ctrl-C, SIGTERM) finishes the series without rerunning what finished. While it runs,
-a line tells how many runs have finished and about how long the rest will take (this command's time
-per FLOP so far times the FLOPs left; those of a size not started yet extrapolated from the sizes
-started, as a power of the depth).
+a line (whenever a run finishes, and every 30 s) tells how many runs have finished, the iteration of
+each running one, and about how long the rest will take: the FLOPs left at the speed of the last two
+minutes (those of a size not started yet extrapolated from the sizes started, as a power of the
+depth).
 
 Then, from each run's folder alone (found by its name, which starts with its config's file name as
 compare.py names it; config.json: its depth and seed; log.jsonl: its parameters, FLOPs per token,
@@ -60,7 +61,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository: tools/compare.py
 sys.path.insert(0, ROOT)
-from orthogpt import errors, files, logs, plots, scaling, signals  # noqa: E402
+from orthogpt import errors, files, logs, plots, progress, scaling, signals  # noqa: E402
 from orthogpt.errors import UserError  # noqa: E402
 from orthogpt.estimate import duration  # noqa: E402
 
@@ -134,6 +135,7 @@ def compare_argv(args, extra):
     return [sys.executable, os.path.join(ROOT, 'tools', 'compare.py'), *args.configs,
             *(f'--stack={s}' for s in args.stack), '--set', f"depth={','.join(map(str, args.depths))}",
             f'--seeds={args.seeds}', f'--out={args.out}', f'--baseline={args.baseline}', f'--nproc={args.nproc}',
+            '--progress=0',  # the series' own line counts FLOPs: runs of several sizes cost unlike amounts a step
             *(f'--per={p}' for p in args.per), *extra]
 
 
@@ -176,8 +178,10 @@ def inspect(folder):
     start = next((r for r in records if r.get('event') == 'start'), {})
     final = next((r for r in records if 'val_loss' in r and r['iter'] == cfg['max_iters']), None)
     per_iter = start['flops_per_token'] * start['tokens_per_iter'] if 'flops_per_token' in start else None
+    log = os.path.join(folder, 'log.jsonl')
     return dict(folder=folder, cfg=cfg, start=start, final=final, per_iter=per_iter,
-                iter=max((r['iter'] for r in records), default=0))
+                iter=max((r['iter'] for r in records), default=0),
+                changed=os.path.getmtime(log) if os.path.exists(log) else 0)
 
 
 def survey(args):
@@ -208,37 +212,43 @@ def finished(runs):
     return sum(1 for r in runs.values() if r and r['final'])
 
 
-def progress_line(runs, t0, done_before):
-    """'miniseries: N/M runs finished, about T left' (the time left: this command's seconds per FLOP
-    so far, times the FLOPs left)."""
+def progress_line(runs, speed):
+    """'miniseries: N/M runs finished; RUN at iteration I of N; about T left' (the running runs: those
+    whose log changed within the speed's window; the time left: the FLOPs left at the speed of that
+    window, progress.Speed, which has seen the FLOPs done)."""
     done, total = flops(runs)
     line = f"miniseries: {finished(runs)}/{len(runs)} runs finished"
     if finished(runs) == len(runs):
         return line
-    if total is None or done <= done_before:
-        return line + ", time left: known once runs of two sizes have started"
-    return line + f", about {duration((time.time() - t0) * (total - done) / (done - done_before))} left"
+    recent = time.time() - speed.window
+    line += ''.join(f"; {os.path.basename(r['folder'])} at iteration {r['iter']} of {r['cfg']['max_iters']}"
+                    for r in runs.values() if r and not r['final'] and r['changed'] > recent)
+    left = None if total is None else speed.left(total - done)
+    return line + ("; time left: known once runs of two sizes have run a while" if left is None else
+                   f"; about {duration(left)} left at the recent speed")
 
 
 def run_series(args, extra):
     """compare.py over the whole series, in a session of its own (a Ctrl-C here reaches it once, as
-    SIGTERM: its runs save and stop), with a progress line whenever a run finishes and each minute."""
-    runs, t0 = survey(args), time.time()
-    done_before = flops(runs)[0]
-    print(progress_line(runs, t0, done_before).split(',')[0] + " before this command", flush=True)
+    SIGTERM: its runs save and stop), with a progress line whenever a run finishes and every
+    progress.EVERY seconds."""
+    runs, speed = survey(args), progress.Speed()
+    speed.see(flops(runs)[0])
+    print(progress_line(runs, speed).split(';')[0] + " before this command", flush=True)
     proc = subprocess.Popen(compare_argv(args, extra), start_new_session=True, preexec_fn=signals.stop_with_parent)
 
     def stop(signum, frame):
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, stop)
-    shown, at = progress_line(runs, t0, done_before), time.time()
+    shown, at = finished(runs), time.time()
     try:
         while proc.poll() is None:
             time.sleep(POLL)
-            line = progress_line(survey(args), t0, done_before)
-            if line.split(',')[0] != shown.split(',')[0] or time.time() - at > 60:
-                print(line, flush=True)
-                shown, at = line, time.time()
+            runs = survey(args)
+            speed.see(flops(runs)[0])
+            if finished(runs) != shown or time.time() - at > progress.EVERY:
+                print(progress_line(runs, speed), flush=True)
+                shown, at = finished(runs), time.time()
     except KeyboardInterrupt:
         proc.send_signal(signal.SIGTERM)
         proc.wait()

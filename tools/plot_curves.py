@@ -4,7 +4,8 @@
     python tools/plot_curves.py docs/logs/h100_shakespeare/*.jsonl --out out-plots/h100_shakespeare.png
 
 Each argument is a run's out_dir or a copy of its log.jsonl; the legend names it by its folder
-or file name. A run with no evaluation logged is skipped with a message.
+or file name. A run with no evaluation logged is skipped with a message; where a run evaluated fewer
+than 5 times, the figure draws the training loss of the log lines instead.
 """
 
 import os
@@ -20,11 +21,11 @@ def main(argv=None):
                                runs='out_dir of each run, or its log.jsonl')
     groups = {}
     for run in args.runs:
-        evals = logs.evaluations(logs.read(run))
-        if not evals:
+        records = logs.read(run)
+        if not logs.evaluations(records):
             print(f"{run}: no evaluation logged, skipped")
             continue
-        groups[os.path.basename(os.path.normpath(run)).removesuffix('.jsonl')] = [evals]
+        groups[os.path.basename(os.path.normpath(run)).removesuffix('.jsonl')] = [records]
     os.makedirs(os.path.dirname(args.out) or '.', exist_ok=True)
     plots.curves(groups, args.out)
 

@@ -2,7 +2,7 @@
 
     python tools/plot_grad_norms.py config/shakespeare_add.py config/shakespeare_rot.py --sigma_w=0.2,0.4,0.6,0.8,1.0
     python tools/plot_grad_norms.py config/shakespeare_rot.py --step=500 --batch_size=16   # after 500 steps
-    python tools/plot_grad_norms.py config/shakespeare_rot.py --ckpt=out-shakespeare-rot/ckpt.pt
+    python tools/plot_grad_norms.py --ckpt=out-shakespeare-rot/ckpt.pt       # or --ckpt=out-shakespeare-rot: its best.pt
 
 For each config (and each sigma_w of the sweep) the model is built at initialisation (or trained
 --step steps from it with the config's optimizer and schedule, or loaded with --ckpt), then the
@@ -34,14 +34,15 @@ from orthogpt.rng import seed_all  # noqa: E402
 from orthogpt.tasks import make_task  # noqa: E402
 
 
-def build(cfg, step, ckpt_path, tick=lambda: None):
-    """The model to measure and the task that gives its training batches; tick() after each step."""
+def build(cfg, step, chosen, tick=lambda: None):
+    """The model to measure and the task that gives its training batches; tick() after each step.
+    chosen: (checkpoint, path) to load, or None."""
     device = resolve_device(cfg.device)
     task = make_task(cfg, device)
     seed_all(cfg.seed)
     model = task.model().to(device)
-    if ckpt_path:
-        checkpoint.load_weights(model, checkpoint.load(ckpt_path), ckpt_path)
+    if chosen:
+        checkpoint.load_weights(model, *chosen)
     device_type = device.split(':')[0]
     optimizer, scaler = make_optimizer(model, task.cfg, device_type), StepScaler(device_type, 'float32')
     for it in range(step):
@@ -52,11 +53,11 @@ def build(cfg, step, ckpt_path, tick=lambda: None):
     return model, task
 
 
-def load_config(path, sigma, seed, overrides, ckpt_path):
-    """The config of one measurement: a config file, or a checkpoint's own config, with overrides."""
+def load_config(path, sigma, seed, overrides, chosen):
+    """The config of one measurement: a config file, or the chosen checkpoint's own config, with overrides."""
     extra = overrides + [f'--seed={1337 + seed}'] + ([f'--sigma_w={sigma}'] if sigma is not None else [])
     if path is None:
-        cfg = configure.load(extra, base=configure.from_dict(checkpoint.load(ckpt_path)['config']))
+        cfg = configure.load(extra, base=configure.from_dict(chosen[0]['config']))
     else:
         cfg = configure.load([path] + extra)
     if sigma is not None and cfg.init != 'sigma':
@@ -89,20 +90,26 @@ def measure(model, task, batches, tick=lambda: None):
 @errors.entry
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument('configs', nargs='+', help='config files (one panel each) and --key=value overrides')
+    p.add_argument('configs', nargs='*', help='config files (one panel each) and --key=value overrides')
     p.add_argument('--sigma_w', default=None, help='comma-separated sweep (init=sigma); default: the config value')
     p.add_argument('--batches', type=int, default=4, help='training batches per measurement')
     p.add_argument('--seeds', type=int, default=3, help='initialisations to average over')
     p.add_argument('--step', type=int, default=0, help='train this many steps from initialisation first')
-    p.add_argument('--ckpt', default=None, help='measure this checkpoint instead (one config: its own)')
+    p.add_argument('--ckpt', default=None, help="measure this checkpoint file instead (one config: its own), or a run's "
+                                                "folder's best.pt (else its newest checkpoint that verifies)")
     p.add_argument('--out', default='out-plots/grad_norms', help='writes OUT.csv and OUT.png')
     args, overrides = p.parse_known_args(argv)
     files = [c for c in args.configs if not c.startswith('--')]
     overrides += [c for c in args.configs if c.startswith('--')]
+    chosen = None
     if args.ckpt:
         if args.sigma_w or files:
             raise UserError("--ckpt measures one trained model: give neither config files nor --sigma_w")
         files = [None]
+        where = [args.ckpt] if os.path.isdir(args.ckpt) else [os.path.dirname(args.ckpt), os.path.basename(args.ckpt)]
+        chosen = checkpoint.load_chosen(*where)
+    elif not files:
+        raise UserError("give config files to measure (e.g. config/shakespeare_rot.py), or a trained model with --ckpt")
     sweep = [None] if args.sigma_w is None else [float(v) for v in args.sigma_w.split(',')]
     jobs = [(path, sigma, seed) for path in files for sigma in sweep for seed in range(args.seeds)]
     lines = {}  # (path, sigma) -> (config, per layer: the norms of every batch and seed)
@@ -110,15 +117,15 @@ def main(argv=None):
     with progress.bar(total=len(jobs) * (args.step + args.batches), desc='measuring', unit='batch') as bar:
         tick = lambda: bar.update(1)  # noqa: E731
         for path, sigma, seed in jobs:
-            cfg = load_config(path, sigma, seed, overrides, args.ckpt)
-            model, task = build(cfg, args.step, args.ckpt, tick)
+            cfg = load_config(path, sigma, seed, overrides, chosen)
+            model, task = build(cfg, args.step, chosen, tick)
             norms = measure(model, task, args.batches, tick)
             cfg, samples = lines.get((path, sigma), (cfg, [[] for _ in norms]))
             lines[path, sigma] = cfg, [a + b for a, b in zip(samples, norms)]
 
     rows, panels = [], {}
     for (path, _), (cfg, samples) in lines.items():
-        name = os.path.splitext(os.path.basename(path or args.ckpt))[0]
+        name = os.path.splitext(os.path.basename(path or chosen[1]))[0]
         label = f"sigma_w={cfg.sigma_w:g}" if cfg.init == 'sigma' else cfg.init
         means = [statistics.fmean(s) for s in samples]
         panels.setdefault(name, (cfg, []))[1].append((label, means))

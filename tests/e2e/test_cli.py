@@ -1,6 +1,7 @@
-"""What a new user meets at the command line: the CPU estimate and the stop of a GPU-sized run,
-progress bars on a terminal, stopping during an evaluation, torchrun's report of a user error, and
-the list of config files. Where a test needs a signalling model, it registers a residual rule of
+"""What a new user meets at the command line: the CPU estimate, the busy machine named and the stop
+of a GPU-sized run, progress bars on a terminal, stopping during an evaluation, torchrun's report of
+a user error, the list of config files, a short run's schedule and no empty folder after a failed
+start. Where a test needs a signalling model, it registers a residual rule of
 its own, as a user would (the loop itself is not patched)."""
 
 import os
@@ -12,7 +13,7 @@ import pytest
 
 import train
 from model import AdditiveUpdate
-from orthogpt import checkpoint
+from orthogpt import checkpoint, estimate
 
 
 class SignalInEvaluation(AdditiveUpdate):
@@ -50,7 +51,53 @@ def test_a_cpu_run_is_estimated_and_a_gpu_sized_one_stops_with_the_cpu_command(r
     assert 'this config is sized for a GPU (16 layers x 256, 16,384 tok a step) and no GPU is here' in message
     cpu = os.path.relpath(os.path.join(root, 'config', 'cpu.py'))
     assert f"config/shakespeare_rot.py {cpu} --data_dir=" in message and 'anyway with --device=cpu' in message
-    assert 'step 0:' not in printed and not (tmp_path / 'big' / 'ckpt.pt').exists()  # stopped before evaluating
+    assert 'step 0:' not in printed and not (tmp_path / 'big').exists()  # stopped before evaluating, its folder gone
+
+
+@pytest.mark.parametrize('load,named', [(0.0, False), (7.5, True)])
+def test_a_busy_machine_is_named_at_the_start(run, capsys, monkeypatch, load, named):
+    """The load average of the last minute (os.getloadavg, set here) leaves fewer free cores than the run's threads:
+    one line says so and what helps; an idle machine gets none."""
+    import torch
+    monkeypatch.setattr(os, 'getloadavg', lambda: (load, load, load))
+    monkeypatch.setattr(os, 'cpu_count', lambda: 2)
+    monkeypatch.setattr(torch, 'get_num_threads', lambda: 2)
+    run('--max_iters=5', '--eval_interval=5')
+    printed = [line for line in capsys.readouterr().out.splitlines() if 'machine is busy' in line]
+    assert printed == ([f"note: this machine is busy: a load average of 7.5 on 2 cores leaves about 0.0 free for "
+                        f"this run's 2 threads, so its steps may take many times the estimate; one thread per process "
+                        f"waits least under load: {estimate.FEWER} (docs/performance.md, \"Advice for CPU users\")"]
+                       if named else [])
+
+
+def test_a_short_run_warms_up_peaks_and_decays(run, logs, capsys, root):
+    """--max_iters=100 on the CPU recipe, which warms up for 100 iterations: the warmup takes a fifth, and the run
+    ends below half its peak rate; a tiny run whose warmup_iters is its whole length does the same, and says so."""
+    import configure
+    from orthogpt.optim import get_lr
+    cfg = configure.load([os.path.join(root, 'config', f) for f in ('shakespeare_rot.py', 'cpu.py')] + ['--max_iters=100'])
+    assert cfg.warmup_iters == 100
+    assert max(get_lr(it, cfg) for it in range(100)) == cfg.learning_rate == get_lr(20, cfg)
+    assert get_lr(99, cfg) < 0.5 * cfg.learning_rate
+    out = run('--max_iters=20', '--eval_interval=20', '--warmup_iters=20', '--log_interval=1')
+    assert ("warmup_iters=20 would take 100% of the schedule's 20 iterations: warming up over 4 instead, so that the "
+            "rate peaks and decays") in capsys.readouterr().out
+    lrs = [r['lr'] for r in logs.records(out) if 'lr' in r]
+    peak = max(lrs)
+    assert lrs.index(peak) == 4 and lrs[-1] < 0.5 * peak and lrs[0] < lrs[3]  # iterations 1..20 logged
+    assert checkpoint.load(out / 'ckpt.pt')['config']['warmup_iters'] == 20  # the config keeps the value given
+
+
+def test_a_run_that_fails_before_it_trains_leaves_no_empty_folder(run, tmp_path):
+    """A typo in --dataset: the folder the run made is gone; a folder of the user's stays as it was, file and all."""
+    with pytest.raises(SystemExit, match="shakespear_char"):
+        run('--dataset=shakespear_char', out='new')
+    assert not (tmp_path / 'new').exists()
+    (tmp_path / 'mine').mkdir()
+    (tmp_path / 'mine' / 'notes.txt').write_text('mine')
+    with pytest.raises(SystemExit, match="shakespear_char"):
+        run('--dataset=shakespear_char', out='mine')
+    assert os.listdir(tmp_path / 'mine') == ['notes.txt']
 
 
 def test_a_signal_during_an_evaluation_stops_it_and_resume_runs_it_again(run, logs, capsys, registered):

@@ -180,19 +180,25 @@ def test_a_failing_run_is_a_row_not_a_gap(compared, tmp_path):
     assert re.search(r'`shakespeare_add-init_fromresume-s1` failed \(exit 1\): .*no checkpoint', text)
 
 
-def test_sigterm_stops_the_runs_with_their_checkpoints(compared, tmp_path):
-    """A scheduler's SIGTERM reaches compare.py alone; it passes it on and waits for the runs."""
+def test_progress_lines_then_sigterm_stops_the_runs_with_their_checkpoints(compared, tmp_path):
+    """While a run trains, compare.py prints a progress line (every --progress seconds) with the runs done, the
+    running one's iteration and the time left at the recent speed. A scheduler's SIGTERM reaches compare.py alone;
+    it passes it on and waits for the runs."""
     root, _, _ = compared
     out = tmp_path / 'out'
     cmd = [sys.executable, os.path.join(ROOT, 'tools', 'compare.py'), CONFIGS[0], '--seeds=1', f'--out={out}', *TINY,
-           f'--data_dir={root / "data"}', '--max_iters=100000']
+           f'--data_dir={root / "data"}', '--max_iters=100000', '--progress=1']
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    log = out / 'shakespeare_add-s1' / 'log.jsonl'
-    deadline = time.time() + 60
-    while not (log.exists() and log.read_text().count('"loss"') >= 2) and time.time() < deadline:
-        time.sleep(0.2)
+    deadline, lines = time.time() + 300, []
+    for line in proc.stdout:  # a line a second: the deadline is looked at
+        lines.append(line)
+        if ' left at the recent speed' in line or time.time() > deadline:
+            break
     proc.send_signal(signal.SIGTERM)
-    printed = proc.communicate(timeout=60)[0]
+    printed = ''.join(lines) + proc.communicate(timeout=60)[0]
+    progress = [line for line in lines if line.startswith('progress: ')]
+    assert re.fullmatch(r'progress: 0/1 runs done; shakespeare_add-s1 at iteration \d+ of 100000; about '
+                        r'(\d+ h \d\d min|\d+ min \d\d s|\d+ s) left at the recent speed\n', progress[-1]), printed
     assert proc.returncode == 1 and 'the same command resumes the unfinished runs' in printed
     assert 'stopped by SIGTERM' in (out / 'shakespeare_add-s1' / 'stdout.log').read_text()
     assert (out / 'shakespeare_add-s1' / 'ckpt.pt').exists()

@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from orthogpt import progress
 from orthogpt.errors import UserError
 from tools import miniseries
 
@@ -122,17 +123,21 @@ def test_a_rule_without_a_fit_says_why_and_the_baseline_named_is_used(series):
     assert 'compute multiplier over `shakespeare_rot`' in text
 
 
-def test_the_progress_line_counts_finished_runs_and_estimates_the_time_left(series, monkeypatch):
+def test_the_progress_line_counts_finished_runs_and_estimates_the_time_left(series):
+    """Rotation's depth 4 seed 2 is half done (its log just written: running); the FLOPs done went from 0 to all but
+    its second half in the last 60 s, so the rest takes 60 s x 3e12 / 3.696e13 FLOPs, 5 s."""
     args, _ = miniseries.parse_args(args_of(series))
     runs = miniseries.survey(args)
-    t0 = time.time() - 60
-    line = miniseries.progress_line(runs, t0, 0.0)
-    assert line.startswith('miniseries: 17/18 runs finished, about ')  # rotation's depth 4 seed 2 is half done
     done, total = miniseries.flops(runs)
     assert total - done == pytest.approx(compute_of(4, iters=50))  # its second half
     assert total == pytest.approx(6 * sum(compute_of(d) for d in (2, 3, 4)))
-    assert line.endswith('about 5 s left')  # 60 s x 3e12 / 3.696e13 FLOPs
-    assert 'known once' in miniseries.progress_line(runs, t0, done)  # nothing done by this command yet
+    speed = progress.Speed()
+    speed.see(0.0, now=1000.0)
+    assert miniseries.progress_line(runs, speed) == ('miniseries: 17/18 runs finished; shakespeare_rot-depth4-s2 at '
+                                                     'iteration 50 of 100; time left: known once runs of two sizes '
+                                                     'have run a while')
+    speed.see(done, now=1060.0)
+    assert miniseries.progress_line(runs, speed).endswith('; about 5 s left at the recent speed')
 
 
 @pytest.mark.parametrize('more, message', [

@@ -67,8 +67,9 @@ def test_checksum_and_fallback(run, logs, capsys):
     capsys.readouterr()
     run('--max_iters=50', '--eval_interval=10', '--init_from=resume')
     printed = capsys.readouterr().out
-    assert printed.count('fails its checksum') == 2
-    assert 'resuming from' in printed and 'ckpt-0000030.pt (iteration 30)' in printed
+    assert f"warning: {out / 'ckpt.pt'} fails its checksum: its contents changed after it was written (the same file " \
+           f"as ckpt-0000040.pt" in printed
+    assert f'resuming from {out}/ckpt-0000030.pt (iteration 30), the newest checkpoint that verifies' in printed
     assert [i for i, _ in logs.evals(out)][-2:] == [40, 50]
 
 
@@ -282,6 +283,43 @@ def test_a_second_writer_is_refused_and_starts_at_once_after_the_first_is_killed
     run(f'--max_iters={k + 10}', '--eval_interval=10', '--init_from=resume')
     printed = capsys.readouterr().out
     assert f'(iteration {k})' in printed and f'done: {k + 10} iterations' in printed
+
+
+def test_a_truncated_newest_checkpoint_then_resume_then_sigterm_keeps_what_verifies(run, logs, root, tiny, char_data,
+                                                                                   tmp_path, capsys):
+    """The sequence a user met: ckpt.pt, best.pt and ckpt-0000040.pt are one file (hard links), which a full disk or
+    a copy cut short truncates; the resumed run falls back to ckpt-0000030.pt and is stopped by SIGTERM before its
+    next evaluation. Its save keeps ckpt-0000030.pt (the newest older checkpoint that verifies), moves the damaged
+    names into damaged/ and points best.pt at a checkpoint that verifies; sample.py then samples with no warning."""
+    out = run('--max_iters=40', '--eval_interval=10', '--keep_last_n=2')
+    evals = dict(logs.evals(out))
+    assert min(evals, key=evals.get) == 40, evals  # so best.pt is ckpt.pt too
+    assert os.path.samefile(out / 'best.pt', out / 'ckpt.pt') and os.path.samefile(out / 'ckpt.pt', out / 'ckpt-0000040.pt')
+    with open(out / 'ckpt.pt', 'r+b') as f:
+        f.truncate(os.path.getsize(out / 'ckpt.pt') // 2)
+    proc, lines = started([sys.executable, 'train.py', 'config/shakespeare_add.py', *tiny, f'--data_dir={char_data}',
+                           f'--out_dir={out}', '--max_iters=100000', '--eval_interval=100000', '--init_from=resume'],
+                          root, 'iter 35:')
+    proc.send_signal(signal.SIGTERM)
+    lines += proc.stdout.readlines()
+    assert proc.wait(timeout=120) == 0, ''.join(lines)
+    printed = ''.join(lines)
+    assert f"warning: {out / 'ckpt.pt'} is not a readable checkpoint (truncated, corrupt or not ours: " in printed
+    assert f"resuming from {out / 'ckpt-0000030.pt'} (iteration 30), the newest checkpoint that verifies" in printed
+    k = int(printed.split('stopped by SIGTERM at iteration ')[1].split(';')[0])
+    assert f"warning: {out / 'ckpt-0000040.pt'} is not a readable checkpoint (" in printed
+    assert f"(the same file as best.pt); moved into {out / 'damaged'}/, where nothing reads it" in printed, printed
+    best_at_30 = evals[30] < min(evals[10], evals[20])  # the checkpoint at 30 was saved as the best
+    assert sorted(os.listdir(out)) == ['best.pt'] * best_at_30 + [
+        'ckpt-0000030.pt', f'ckpt-{k:07d}.pt', 'ckpt.pt', 'config.json', 'damaged', 'log.jsonl']
+    assert sorted(os.listdir(out / 'damaged')) == ['best.pt', 'ckpt-0000040.pt']
+    assert checkpoint.load(out / 'ckpt.pt')['iter_num'] == k >= 35 and checkpoint.load(out / 'ckpt-0000030.pt')['iter_num'] == 30
+    if best_at_30:
+        assert os.path.samefile(out / 'best.pt', out / 'ckpt-0000030.pt')
+    capsys.readouterr()
+    sample.main([f'--out_dir={out}', '--num_samples=1', '--max_new_tokens=20', '--start=ROMEO:'])
+    text = capsys.readouterr().out
+    assert text.startswith('ROMEO:') and 'warning' not in text
 
 
 LAUNCHER_BOUND = 30  # seconds for a killed launcher's workers to save and leave; a few on an idle machine

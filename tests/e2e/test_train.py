@@ -120,13 +120,29 @@ def test_sample_rejects_characters_outside_the_vocabulary(trained):
         sample.main([f'--out_dir={trained}', '--start=ROMEO: $é'])
 
 
-def test_sample_missing_and_corrupt_checkpoints(trained, tmp_path):
-    with pytest.raises(SystemExit, match='no checkpoint at'):
+def test_sample_missing_and_corrupt_checkpoints(trained, tmp_path, capsys):
+    """A damaged best.pt: sample.py samples from the newest checkpoint that verifies and says so in one line; a
+    damaged checkpoint asked for by name is refused in one line naming those that verify; none: refused."""
+    with pytest.raises(SystemExit, match='no checkpoint in .*nowhere; train one first'):
         sample.main([f'--out_dir={tmp_path / "nowhere"}'])
-    data = (trained / 'best.pt').read_bytes()
-    (trained / 'best.pt').unlink()
-    (trained / 'ckpt.pt').write_bytes(data[: len(data) // 2])
-    with pytest.raises(SystemExit, match='not a readable checkpoint'):
+    assert os.path.samefile(trained / 'best.pt', trained / 'ckpt-0000040.pt')  # its val loss fell
+    with open(trained / 'best.pt', 'r+b') as f:  # ckpt.pt, ckpt-0000040.pt and best.pt: one file
+        f.truncate(os.path.getsize(trained / 'best.pt') // 2)
+    capsys.readouterr()
+    sample.main([f'--out_dir={trained}', '--start=ROMEO:', '--num_samples=1', '--max_new_tokens=10'])
+    warning, *text = capsys.readouterr().out.splitlines()
+    assert warning.startswith(f"warning: {trained / 'best.pt'} is not a readable checkpoint (truncated, corrupt or "
+                              f"not ours: ") and warning.endswith(
+        f"(the same file as ckpt.pt and ckpt-0000040.pt); using {trained / 'ckpt-0000020.pt'} (iteration 20), the "
+        f"newest checkpoint that verifies")
+    assert text[0].startswith('ROMEO:')
+    with pytest.raises(SystemExit) as e:
+        sample.main([f'--out_dir={trained}', '--ckpt=best.pt'])
+    assert '\n' not in str(e.value) and str(e.value).endswith(
+        "; these verify: ckpt-0000020.pt (iteration 20); pass one with --ckpt")
+    (trained / 'ckpt-0000020.pt').write_bytes(b'damaged too')
+    with pytest.raises(SystemExit, match=f"^error: no checkpoint in {trained} verifies: .*best.pt is not a readable "
+                                         f"checkpoint .*ckpt-0000020.pt is not a readable checkpoint"):
         sample.main([f'--out_dir={trained}'])
 
 

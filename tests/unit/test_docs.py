@@ -1,7 +1,7 @@
 """The documentation against the repository: every relative link in README.md and docs/*.md
-leads to a file (and heading) that exists, docs/ holds only what they link to, and every command
-the README shows names scripts, configs and folders that exist. Text only, no runs: quick and
-deterministic."""
+leads to a file (and heading) that exists, docs/ holds only what they link to, every command the
+README and the pages it moved its detail to show names scripts, configs and folders that exist, and
+the README stays a guide of at most 400 lines. Text only, no runs: quick and deterministic."""
 
 import importlib.util
 import os
@@ -166,14 +166,23 @@ def named_paths(argv):
     return list(dict.fromkeys(paths))
 
 
-def test_every_readme_command_names_files_that_exist():
-    text = read('README.md')
+GUIDES = ['README.md', 'docs/usage.md', 'docs/export.md', 'docs/reliability.md']  # the user's guide and its detail
+
+
+@pytest.mark.parametrize('page', GUIDES)
+def test_every_command_of_the_guide_names_files_that_exist(page):
+    text = read(page)
     found = commands(text)
-    assert len(found) >= 20, f"the command parser found only {len(found)} commands in README.md"
-    missing = [f"README.md:{line}: {' '.join(argv)}\n    names {path}, which does not exist"
+    if page == 'README.md':
+        assert len(found) >= 20, f"the command parser found only {len(found)} commands in README.md"
+    missing = [f"{page}:{line}: {' '.join(argv)}\n    names {path}, which does not exist"
                for line, argv in found for path in named_paths(argv)
                if not os.path.exists(os.path.join(ROOT, path))]
     assert not missing, '\n'.join(missing)
+
+
+def test_the_readme_is_a_guide_of_at_most_400_lines():
+    assert read('README.md').count('\n') <= 400, "move detail to docs/ (usage.md, export.md, reliability.md)"
 
 
 def test_the_command_parser_reads_what_the_readme_writes():

@@ -53,7 +53,7 @@ def fsdp_like(tmp_path, gpt_config):
     def save(iter_num):
         folder = sharded.save(model, [optimizer], tmp_path, iter_num, True)
         checkpoint.save(state(iter_num, folder), tmp_path / 'ckpt.pt')
-        checkpoint.snapshot(tmp_path, iter_num, 2)
+        checkpoint.retain(tmp_path, iter_num, 2, False)
     return save
 
 
@@ -94,7 +94,7 @@ def test_a_damaged_sharded_checkpoint_is_refused_and_the_one_before_taken(tmp_pa
         checkpoint.load(tmp_path / 'ckpt.pt')
     ckpt, path, refused = checkpoint.load_latest(tmp_path)
     assert ckpt['iter_num'] == 4 and path == str(tmp_path / 'ckpt-0000004.pt')
-    assert [os.path.basename(p) for p, _ in refused] == ['ckpt.pt', 'ckpt-0000008.pt']
+    assert [[os.path.basename(p) for p in names] for names, _ in refused] == [['ckpt.pt', 'ckpt-0000008.pt']]
 
 
 def test_a_log_line_cut_in_half_is_dropped_with_a_warning(tmp_path, capsys):
