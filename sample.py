@@ -16,7 +16,7 @@ import argparse
 
 import torch
 
-from orthogpt import bpe, checkpoint, errors
+from orthogpt import bpe, checkpoint, decoding, errors
 from orthogpt.device import resolve_device
 from orthogpt.errors import UserError
 
@@ -62,7 +62,7 @@ def main(argv=None):
     model, ckpt, cfg = checkpoint.load_language_model(args.out_dir, args.ckpt)
     model.to(device)
     try:  # no new token: the arguments checked, before the prompt is read
-        model.generate(torch.zeros(1, 1, dtype=torch.long, device=device), 0, shift=args.shift)
+        decoding.generate(model, torch.zeros(1, 1, dtype=torch.long, device=device), 0, shift=args.shift)
     except ValueError as e:
         raise UserError(f"--{e}") from None
 
@@ -89,8 +89,8 @@ def main(argv=None):
     bf16 = device.startswith('cuda') and torch.cuda.is_bf16_supported()
     with torch.autocast(device.split(':')[0], dtype=torch.bfloat16, enabled=bf16):
         for _ in range(args.num_samples):
-            y = model.generate(x, args.max_new_tokens, args.temperature, args.top_k, generator=generator,
-                               use_cache=not args.no_cache, shift=args.shift, compile=args.compile)
+            y = decoding.generate(model, x, args.max_new_tokens, args.temperature, args.top_k, generator=generator,
+                                  use_cache=not args.no_cache, shift=args.shift, compile=args.compile)
             print(decode(y[0].tolist()))
             print('---------------')
 
