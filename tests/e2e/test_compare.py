@@ -378,7 +378,7 @@ def test_a_second_phase_waits_until_its_first_phase_has_exited(tmp_path, monkeyp
     running = [compare.Job(first, Saving(), open(os.devnull, 'w'), time.time())]
     started = []
     monkeypatch.setattr(compare.subprocess, 'Popen', lambda argv, **kw: started.append(argv) or Exited())
-    compare.launch([second], running, 2, {}, 1)
+    compare.launch([second], running, 2, {}, 1, compare.Progress([first, second], every=0))
     assert (tmp_path / 'second' / 'ckpt.pt').read_bytes() == b'final checkpoint'
     assert len(started) == 1 and '--init_from=resume' in started[0]
 
