@@ -664,19 +664,15 @@ class Trunk:
         return sum(p.numel() for p in self.parameters())
 
 
-def static(t):  # a tensor that a compiled step (a CUDA graph) reads and writes where it lies
-    torch._dynamo.mark_static_address(t)
-    return t
-
-
 class DecodeState:
     """What decoding carries from one GPT.forward to the next, in tensors of fixed shape: each module's per-position
-    buffers, block_size long (attention's keys and values, a rule's terms), and the next position `pos`, on the device.
-    Every step has the same shapes and addresses, as one compiled step and a CUDA graph need; a new window is read
-    from pos = 0 into the same buffers again, each query seeing the positions up to its own alone."""
+    buffers, block_size positions long (attention's keys and values, a rule's terms), and `pos`, the next position, a
+    tensor on the device. Forwards write in place at their positions, so that every step has the same shapes and
+    addresses, as one compiled step replayed as a CUDA graph needs; a window that moves on is read again from pos = 0
+    into the same buffers, and each query sees only the positions up to its own."""
 
     def __init__(self, capacity, device=None):
-        self.capacity, self.buffers, self.pos = capacity, {}, static(torch.zeros((), dtype=torch.long, device=device))
+        self.capacity, self.buffers, self.pos = capacity, {}, torch.zeros((), dtype=torch.long, device=device)
 
     def advance(self, T):
         """The DecodeStep of a forward of the next T tokens; pos moves past them (checked on the device: no sync)."""
@@ -699,8 +695,7 @@ class DecodeStep:
         """Write module's tensors `new` (positions along dim) at these positions; returns its whole buffers."""
         dim, buffers = dim % new[0].dim(), self.state.buffers  # keyed by id: compile would guard on a module key
         if id(module) not in buffers:  # at the first forward, eager; zeros: the positions hidden stay finite
-            buffers[id(module)] = [static(t.new_zeros(t.shape[:dim] + (self.state.capacity,) + t.shape[dim + 1:]))
-                                   for t in new]
+            buffers[id(module)] = [t.new_zeros(t.shape[:dim] + (self.state.capacity,) + t.shape[dim + 1:]) for t in new]
         for buf, t in zip(buffers[id(module)], new):
             buf.index_copy_(dim, self.positions, t)
         return buffers[id(module)]

@@ -30,6 +30,13 @@ def step(model, idx, noise, state, temperature=1.0, top_k=None):
     return sample(model(idx, cache=state, last=True)[0][:, -1], noise, temperature, top_k)
 
 
+def static(state):
+    """Mark every tensor of a DecodeState as lying where it is, for torch.compile: a CUDA graph then reads and writes
+    it in place (a tensor it writes must be static, or the step is not captured at all)."""
+    for t in (state.pos, *(t for ts in state.buffers.values() for t in ts)):
+        torch._dynamo.mark_static_address(t)
+
+
 def compiled(device):
     """step compiled in one graph of fixed shapes: replayed as a CUDA graph on a GPU, inductor's code alone
     elsewhere."""
@@ -60,6 +67,8 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, generator=
                 if state is not None:
                     state.pos.zero_()
                 out[:, t], fresh = step(model, out[:, start:t], noise, state, temperature, top_k), False
+                if compile and state is not None:
+                    static(state)
             else:  # the last token alone, at the state's position
                 out[:, t] = one(model, out[:, t - 1:t], noise, state, temperature, top_k)
     return out.clone()  # outside inference mode: usable in autograd
