@@ -190,8 +190,13 @@ def by_file(paths, why):
 
 def report(groups):
     """'PATH WHY (the same file as B and C); ...': what does not verify, on one line."""
-    return '; '.join(f"{names[0]} {why}" + (f" (the same file as {' and '.join(os.path.basename(p) for p in names[1:])})"
-                                           if names[1:] else '') for names, why in groups)
+    return '; '.join(f"{names[0]} {why}" + (f" ({same_file(names)})" if names[1:] else '')
+                     for names, why in groups)
+
+
+def same_file(names):
+    """'the same file as B and C': the other names of one file (hard links)."""
+    return f"the same file as {' and '.join(os.path.basename(p) for p in names[1:])}"
 
 
 def snapshots(out_dir):
@@ -319,11 +324,12 @@ def load_chosen(out_dir, name=None, map_location='cpu'):
 
 def verified_ones(out_dir):
     """Which checkpoint files of out_dir verify, as the end of a refusal."""
-    good = [(path, s) for path in candidates(out_dir) for s in [look(path)] if not s.why]
+    good = {path: s.iter_num for path in candidates(out_dir) for s in [look(path)] if not s.why}
     if not good:
         return f"no checkpoint in {out_dir} verifies" if candidates(out_dir) else f"{out_dir} holds no checkpoint"
-    return ("these verify: " + ', '.join(f"{os.path.basename(p)} (iteration {s.iter_num})" for p, s in good)
-            + "; pass one with --ckpt")
+    return ("these verify: " + ', '.join(f"{os.path.basename(names[0])} (iteration {it}"
+                                         + (f"; {same_file(names)})" if names[1:] else ')')
+                                         for names, it in by_file(good, good)) + "; pass one with --ckpt")
 
 
 def load_language_model(out_dir, name=None, map_location='cpu'):

@@ -43,7 +43,9 @@ def curves(groups, path, switch_at=None):
     for label, runs in groups.items():
         for ax, col, seen, curve in zip(axes[0], (1, 2), late, (loss, logs.evaluations)):
             seen += mean_line(ax, label, [curve(run) for run in runs], col)
-    names = (f'training loss (log lines: fewer than {FEW} evaluations)' if few else 'val loss', 'top-1 %')
+    names = ('training loss' if few else 'val loss', 'top-1 %')
+    if few:
+        axes[0][0].set_title(f"the log lines' training loss: a run evaluated fewer than {FEW} times", fontsize=9)
     for ax, name, seen in zip(axes[0], names, late):
         if seen:  # the first evaluations would squash the differences at the end
             pad = (max(seen) - min(seen)) * 0.05 or 0.01
@@ -51,7 +53,7 @@ def curves(groups, path, switch_at=None):
         if switch_at:
             ax.axvline(switch_at, color='grey', lw=0.8, ls='--')
         ax.set_xlabel('iteration')
-        ax.set_ylabel(f"{name}, mean over seeds", fontsize=8 if few else None)
+        ax.set_ylabel(f"{name}, mean over seeds")
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
