@@ -259,12 +259,16 @@ def check_nonfinite(run, nonfinite, log):
 def discard(out_dir):
     """Whether out_dir, made by a run that failed before its first log line, held only what such a run
     writes (its lock, config.json, the log's start record), now removed but for the lock: no empty
-    folder is left behind. Anything else there keeps the whole folder as it is."""
+    folder is left behind. Anything else there keeps the whole folder as it is; a file that cannot be
+    removed keeps the folder, and the run's own error is the one reported."""
     names = set(os.listdir(out_dir)) - {lock.NAME}
     if names - {'config.json', 'log.jsonl', 'dynamics.jsonl'} or any('loss' in r for r in logs.read(out_dir)):
         return False
-    for name in names:
-        os.remove(os.path.join(out_dir, name))
+    try:
+        for name in names:
+            os.remove(os.path.join(out_dir, name))
+    except OSError:
+        return False
     return True
 
 
