@@ -193,8 +193,8 @@ def starting_point(cfg, env, given):
     if cfg.init_from == 'resume':
         ckpt, path, refused = checkpoint.load_latest(cfg.out_dir)
         if env.master:
-            if refused:
-                print(f"warning: {checkpoint.report(refused)}")
+            for group in refused:  # a line per damaged file, its other names in it
+                print(f"warning: {checkpoint.report([group])}")
             print(f"resuming from {path} (iteration {ckpt['iter_num']})"
                   + (", the newest checkpoint that verifies" if refused else ""))
         saved = configure.from_dict(ckpt['config'])

@@ -369,13 +369,15 @@ def execute(runs, nproc, every):
             job.proc.terminate()
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, terminate)
+    before = signal.signal(signal.SIGTERM, terminate)
     try:
         launch(todo, running, nproc, env, torch.cuda.device_count(), Progress(runs, every))
     except KeyboardInterrupt:  # let the runs save their checkpoints
         for job in running:
             job.proc.wait()
         raise SystemExit("interrupted; the same command resumes the unfinished runs")
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 class Progress:
