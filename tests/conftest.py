@@ -102,12 +102,12 @@ def images_kit():
 
 
 def decoding_in_pieces(net, idx, cuts=((0, 5), (5, 6), (6, 16))):
-    """Feeds idx (B, T) through a DecodeCache in pieces and checks the logits against one full
+    """Feeds idx (B, T) through a DecodeState in pieces and checks the logits against one full
     forward's (the model in float64, eval mode); returns the full forward's logits."""
-    from model import DecodeCache
+    from model import DecodeState
     full, _ = net(idx)
-    cache = DecodeCache(net.config.block_size)
-    pieces = [net(idx[:, a:b], cache=cache)[0] for a, b in cuts]
+    state = DecodeState(net.config.block_size)
+    pieces = [net(idx[:, a:b], cache=state)[0] for a, b in cuts]
     torch.testing.assert_close(torch.cat(pieces, 1), full, rtol=0, atol=1e-10)
     return full
 
