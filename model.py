@@ -28,6 +28,7 @@ from torch.utils.checkpoint import checkpoint
 # ----------------------------------------------------------------------------- 1. residual updates
 
 RESIDUALS = {}  # config value `residual` -> rule class; everything else reads the rules from here
+KERNELS = {}  # hc_kernels -> fused kernels of the wide rules' two passes, which the package registers (docs/rules.md)
 
 
 def register(name):
@@ -41,6 +42,12 @@ def register(name):
 def wide(t):
     """t in the rules' working precision: float32, or float64 for float64 inputs."""
     return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
+def stream_dtype(x):
+    """What a wide stream is stored in: the autocast dtype under autocast ([mHC] Sec. 4.3.1's bfloat16 copies, whose
+    coefficients and sums stay in float32), else x's."""
+    return torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
 
 
 def dot(a, b):
@@ -232,26 +239,31 @@ class HyperConnection(ResidualUpdate):
 
     with B, A_m (n) and A_r (n x n) static (SHC) or, by default, dynamic (DHC, Eq. 10-13): B = s_beta tanh(H_bar
     W_beta) + B_s, [A_m A_r] = s_alpha tanh(H_bar W_alpha) + [A_m A_r]_s, H_bar = LayerNorm(H) (Alg. 2), s from 0.01.
-    Init (Eq. 14): B = 1, A_m the one-hot of copy layer mod n, A_r = I, W = 0. Float32; hc_recompute: [mHC] Sec. 4.3."""
+    Init (Eq. 14): B = 1, A_m the one-hot of copy layer mod n, A_r = I, W = 0. Coefficients and sums in float32, the
+    copies in stream_dtype. hc_recompute: [mHC] Sec. 4.3. hc_kernels: fused kernels of prepare and forward (KERNELS)."""
 
     @dataclass
     class Options:
         hc_rate: int = 4  # [HC] the expansion rate n: copies of the stream
         hc_dynamic: bool = True  # [HC] Sec. 2.2: weights predicted from the stream (DHC); False: static (SHC)
-        hc_recompute: bool = False  # [mHC] Sec. 4.3: backward computes the weights and mixing again (less memory)
+        hc_recompute: bool = False  # [mHC] Sec. 4.3: backward computes the weights again (less memory)
+        hc_kernels: Literal['auto', 'triton', 'torch'] = 'auto'  # fused Triton kernels ('auto': on CUDA) or this code
 
     no_decay = ('static_beta', 'static_alpha')
 
     @classmethod
     def check(cls, cfg):
         at_least_one(cfg.options, 'hc_rate')
+        if cfg.options.hc_kernels == 'triton' and 'triton' not in KERNELS:
+            raise ValueError("hc_kernels='triton' needs the fused kernels, which orthogpt registers where triton imports "
+                             "(pip install triton); or use hc_kernels='auto' (them where they run, else this code)")
 
-    def __init__(self, d, n, layer, dynamic, recompute=False):
+    def __init__(self, d, n, layer, dynamic, recompute=False, kernels='torch'):
         super().__init__()
         self.static_beta = nn.Parameter(torch.ones(n))  # B
         self.static_alpha = nn.Parameter(torch.cat([F.one_hot(torch.tensor(layer % n), n).float()[:, None],
                                                     torch.eye(n)], dim=1))  # [A_m | A_r], (n, n + 1)
-        self.dynamic, self.recompute = dynamic, recompute
+        self.dynamic, self.recompute, self.kernels = dynamic, recompute, kernels
         if dynamic:
             self.norm = nn.LayerNorm(d)
             self.W_alpha, self.W_beta = nn.Parameter(torch.zeros(d, n + 1)), nn.Parameter(torch.zeros(d, 1))
@@ -259,32 +271,54 @@ class HyperConnection(ResidualUpdate):
 
     @classmethod
     def from_config(cls, cfg, layer, causal):
-        return cls(cfg.n_embd, cfg.options.hc_rate, layer, cfg.options.hc_dynamic, cfg.options.hc_recompute)
+        o = cfg.options
+        return cls(cfg.n_embd, o.hc_rate, layer, o.hc_dynamic, o.hc_recompute, o.hc_kernels)
 
     @classmethod
     def copies(cls, cfg):
         return cfg.options.hc_rate
 
-    def mix(self, H):
-        """(h_0 (..., d), H' (..., n, d), B (..., n)) for the stream H (..., n, d)."""
+    def project(self, H):
+        """z = LayerNorm(H) [W_alpha | W_beta], (..., n, n + 2): the products of Eq. 10-13, one row per copy."""
+        H_bar = F.layer_norm(H, H.shape[-1:], self.norm.weight.to(H.dtype), self.norm.bias.to(H.dtype), self.norm.eps)
+        return H_bar @ torch.cat([self.W_alpha, self.W_beta], 1).to(H.dtype)
+
+    def maps(self, z, sinkhorn_knopp=None):
+        """(A_m (..., n), B (..., n), A_r^T (..., n, n)) from the products z (None: static); sinkhorn_knopp: mHC's."""
         alpha, beta = self.static_alpha, self.static_beta
-        if self.dynamic:
-            H_bar = F.layer_norm(H, H.shape[-1:], self.norm.weight.to(H.dtype), self.norm.bias.to(H.dtype))
-            z = torch.tanh(H_bar @ torch.cat([self.W_alpha, self.W_beta], 1).to(H.dtype))  # (..., n, n + 2)
+        if z is not None:
+            z = torch.tanh(z)
             alpha, beta = self.s_alpha * z[..., :-1] + alpha, self.s_beta * z[..., -1] + beta
-        out = combine(alpha, H)  # (..., n + 1, d): h_0 = sum_i A_m[i] H_i, then H'_j = sum_i A_r[i, j] H_i
-        return out[..., 0, :], out[..., 1:, :], beta
+        return alpha[..., 0], beta, alpha[..., 1:].mT
+
+    def coefficients(self, H):
+        """(read (..., n), write (..., n), mixing (..., n, n) or None for the identity) for the stream H (..., n, d):
+        a sublayer reads sum_i read[i] H_i, and writes H_j <- sum_i mixing[j, i] H_i + write[j] u."""
+        return self.maps(self.project(H) if self.dynamic else None)
+
+    def implementation(self, x):  # the fused kernels that run this sublayer on x, or None for the code below
+        fused = KERNELS.get(self.kernels)
+        return fused if fused is not None and fused.takes(self, x) else None
 
     def prepare(self, x, cache=None):
+        fused = self.implementation(x)
+        if fused is not None:
+            return fused.prepare(self, x)
         H = wide(x)
         with torch.autocast(H.device.type, enabled=False):  # products in float32, not rounded by mixed precision
             recompute = self.recompute and torch.is_grad_enabled()
-            h, mixed, post = checkpoint(self.mix, H, use_reentrant=False) if recompute else self.mix(H)
-        return h.to(x.dtype, copy=True), (mixed, post)  # a copy: a view would keep all n + 1 rows for backward
+            read, write, mixing = (checkpoint(self.coefficients, H, use_reentrant=False) if recompute else
+                                   self.coefficients(H))
+            return combine(read.unsqueeze(-1), H)[..., 0, :].to(x.dtype), (write, mixing)
 
     def forward(self, x, u, state):
-        mixed, post = state
-        return (mixed + post.unsqueeze(-1) * wide(u).unsqueeze(-2)).to(x.dtype)  # H' + B^T u, (..., n, d)
+        fused = self.implementation(x)
+        if fused is not None:
+            return fused.forward(self, x, u, state)
+        write, mixing = state
+        H, u = wide(x), wide(u)
+        mixed = H if mixing is None else combine(mixing.mT, H)  # sum_i mixing[j, i] H_i
+        return (mixed + write.unsqueeze(-1) * u.unsqueeze(-2)).to(stream_dtype(x))  # (..., n, d)
 
 
 def sinkhorn(logits, iters):
@@ -318,6 +352,7 @@ class ManifoldHyperConnection(HyperConnection):
 
     @classmethod
     def check(cls, cfg):
+        super().check(cfg)
         o = cfg.options
         if o.hc_rate < 2:
             raise ValueError(f"hc_rate={o.hc_rate}: mHC mixes at least 2 copies of the stream")
@@ -328,9 +363,10 @@ class ManifoldHyperConnection(HyperConnection):
             raise ValueError(f"mhc_res='permutation' mixes all {math.factorial(o.hc_rate)} permutations of "
                              f"hc_rate={o.hc_rate} copies; use hc_rate <= 6, or mhc_res='sinkhorn'")
 
-    def __init__(self, d, n, layer, dynamic, iters, res='sinkhorn', recompute=False, res_init=8.0):
+    def __init__(self, d, n, layer, dynamic, iters, res='sinkhorn', recompute=False, res_init=8.0, kernels='torch'):
         nn.Module.__init__(self)
         self.n, self.dynamic, self.iters, self.res, self.recompute = n, dynamic, iters, res, recompute
+        self.kernels = kernels
         perms = torch.eye(n)[torch.tensor(list(itertools.permutations(range(n))))] if res == 'permutation' else None
         self.register_buffer('perms', perms, persistent=False)  # (n!, n, n), the identity first
         # H~_res: 0 for the identity (the diagonal, or the identity permutation), -res_init for the rest; the
@@ -349,29 +385,27 @@ class ManifoldHyperConnection(HyperConnection):
     def from_config(cls, cfg, layer, causal):
         o = cfg.options
         return cls(cfg.n_embd, o.hc_rate, layer, o.hc_dynamic, o.mhc_sinkhorn_iters, o.mhc_res, o.hc_recompute,
-                   o.mhc_res_init)
+                   o.mhc_res_init, o.hc_kernels)
 
-    def coefficients(self, H):
-        """(H_pre (..., n), H_post (..., n), H_res (..., n, n), or None for the identity) for H (..., n, d)."""
+    def project(self, H):
+        """z = x' [phi_pre | phi_post | phi_res] (..., m), x' = RMSNorm(vec(H)) (Eq. 7-8), the division after the
+        product as Sec. 4.3.1 orders it (Eq. 15-16; the RMSNorm's weight is part of phi)."""
+        x = H.flatten(-2)  # (..., n d)
+        return (x @ self.phi.to(x.dtype)) * torch.rsqrt(x.square().mean(-1, keepdim=True) + 1e-20)
+
+    def maps(self, z, sinkhorn_knopp=None):
+        """(H_pre (..., n), H_post (..., n), H_res (..., n, n) or None for the identity) from the projection z (None:
+        static, the biases alone); sinkhorn_knopp: an implementation of sinkhorn() to use (the fused kernels')."""
         n, pre, post, res = self.n, self.b_pre, self.b_post, self.b_res
-        if self.dynamic:
-            x = H.flatten(-2)  # (..., n d); [phi_pre | phi_post | phi_res], then the RMSNorm (Eq. 15-16)
-            z = (x @ self.phi.to(x.dtype)) * torch.rsqrt(x.square().mean(-1, keepdim=True) + 1e-20)
+        if z is not None:
             pre, post = self.a_pre * z[..., :n] + pre, self.a_post * z[..., n:2 * n] + post
             if res is not None:
                 res = self.a_res * z[..., 2 * n:].unflatten(-1, res.shape) + res
         if res is not None:  # H~_res (..., n, n), or (..., n!) for the permutations
-            res = (sinkhorn(res, self.iters) if self.res == 'sinkhorn' else cayley(res) if self.res == 'cayley' else
+            res = ((sinkhorn_knopp or sinkhorn)(res, self.iters) if self.res == 'sinkhorn' else
+                   cayley(res) if self.res == 'cayley' else
                    torch.einsum('...k,kij->...ij', torch.softmax(res, -1), self.perms.to(res.dtype)))
         return torch.sigmoid(pre), 2 * torch.sigmoid(post), res
-
-    def mix(self, H):
-        """(sum_j H_pre[j] H_j (..., d), H_res H (..., n, d), H_post (..., n)) for H (..., n, d)."""
-        pre, post, res = self.coefficients(H)
-        if res is None:  # the identity: the copies as they are
-            return combine(pre.unsqueeze(-1), H)[..., 0, :], H, post
-        out = combine(torch.cat([pre.unsqueeze(-2), res], dim=-2).mT, H)  # (..., n + 1, d): the read, then H_res H
-        return out[..., 0, :], out[..., 1:, :], post
 
 
 # ----------------------------------------------------------------------------- 2. orthogonal Q/K/V

@@ -29,4 +29,10 @@ Imports flow one way: model.py <- configure/ <- this package <- scripts and tool
     decoding     text generation: the window, the one-token step (eager or compiled once), a sampler with no host sync
     hf           the Hugging Face format: pretrained weights into a run, a run out to a folder that transformers loads
                  (remote_code/: the files an export copies beside model.py)
+    hc_kernels   fused Triton kernels of the wide streams' two passes, registered here as model's hc_kernels='triton'
 """
+
+try:  # registers hc_kernels='triton' (and 'auto' on CUDA) with model.py
+    from orthogpt import hc_kernels  # noqa: F401
+except ImportError:  # no triton here (it ships for Linux): the rules' own PyTorch
+    pass

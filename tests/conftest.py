@@ -20,6 +20,9 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 sys.path.insert(0, ROOT)
+# Triton's kernels (orthogpt/hc_kernels.py) run on CPU tensors under its interpreter, which decides when they are
+# defined, as orthogpt is first imported: before any test module imports it
+os.environ.setdefault('TRITON_INTERPRET', '1')
 
 # a 2-layer model that trains in seconds on the CPU; tests add the keys they exercise
 TINY = ['--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=8', '--eval_iters=4',

@@ -12,9 +12,12 @@ gathers them, each with its command and wall time, in the form the docs' GPU sec
                        no download.
   profile              a torch.profiler trace of the additive step (OUT/profile/additive.json) and
                        its top kernels with their share of the step (OUT/profile/additive.md)
-  wide                 tools/bench.py at the GPT-2 124M shape, one micro-step, compiled: the wide streams
-                       (HC, mHC with each H_res constraint, with and without hc_recompute) against
-                       additive, with the activations each saves for backward
+  kernels              tools/bench.py at the GPT-2 124M shape, one micro-step of 12 x 1024 tokens, compiled: the
+                       wide streams on their fused Triton kernels (HC, mHC with each H_res constraint) and on the
+                       rules' own PyTorch (HC, mHC), against additive, with MFU, peak memory and the
+                       activations each saves for backward
+  kernel_bw            tools/bench_kernels.py: each fused kernel's time at that shape, and the bandwidth of the bytes
+                       it must move beside a device-to-device copy's
   generate             tools/bench.py --sample: tokens/s with and without the KV cache, 16 x 256
   shakespeare          tools/compare.py: the 16 x 256 Tiny Shakespeare runs of every residual rule and mHC
                        constraint (config/shakespeare_{add,ortho,rot,ngpt,hc,mhc,mhc_identity,mhc_lite,jpmhc}.py)
@@ -33,8 +36,9 @@ gathers them, each with its command and wall time, in the form the docs' GPU sec
                        its runs save and stop; the next --stages=miniseries call goes on from them (finished runs
                        kept) until its table appears. With no shards at --bpe_data it is skipped, saying so.
 The stage limits add up to more than one command may run on a lent machine (10 minutes): run the stages in
-calls of their own, each within it: --stages=step_ddp,profile, --stages=step_fsdp, --stages=generate,
---stages=wide, --stages=shakespeare, --stages=miniseries.
+calls of their own, each within it: --stages=kernels,kernel_bw (8 minutes), --stages=step_ddp,profile,
+--stages=step_fsdp, --stages=generate, --stages=shakespeare, --stages=miniseries. Beside each OUT/<stage>.md
+lies OUT/<stage>.log, everything the stage printed.
 At its limit a stage gets SIGTERM (training runs save a checkpoint and stop), and SIGKILL 45 s later (GRACE).
 """
 
@@ -56,14 +60,14 @@ from orthogpt.errors import UserError  # noqa: E402
 
 GPT2 = ['config/gpt2_124m_add.py', '--gradient_accumulation_steps=8']
 RULES = ('add', 'ortho', 'rot', 'ngpt', 'hc', 'mhc', 'mhc_identity', 'mhc_lite', 'jpmhc')  # config/shakespeare_<rule>.py
-WIDE = ('additive', 'hc', 'hc:hc_recompute=True', 'mhc', 'mhc:hc_recompute=True', 'mhc:mhc_res=identity',
-        'mhc:mhc_res=permutation', 'mhc:mhc_res=cayley')  # tools/bench.py variants
+WIDE = ('additive', 'hc:hc_kernels=torch', 'hc:hc_kernels=triton', 'mhc:hc_kernels=torch', 'mhc:hc_kernels=triton',
+        *(f'mhc:mhc_res={res}:hc_kernels=triton' for res in ('permutation', 'cayley', 'identity')))  # bench variants
 SERIES = ('add', 'ortho', 'rot', 'ngpt', 'hc', 'mhc')  # the miniseries' rules: config/shakespeare_<rule>.py
 TINY = ['config/owt_smoke.py', '--n_layer=1', '--n_head=2', '--n_embd=16', '--block_size=16', '--batch_size=2',
         '--gradient_accumulation_steps=1', '--device=cpu']
 # seconds: step_ddp's, profile's and generate's from their times on an H100 (docs/performance.md), the rest estimates
-LIMITS = {'step_ddp': 420, 'step_fsdp': 420, 'profile': 120, 'wide': 590, 'generate': 360, 'shakespeare': 590,
-          'miniseries': 540}
+LIMITS = {'kernels': 420, 'kernel_bw': 60, 'step_ddp': 420, 'step_fsdp': 420, 'profile': 120, 'generate': 360,
+          'shakespeare': 590, 'miniseries': 540}  # kernels and kernel_bw: estimates (8 variants at step_ddp's pace)
 GRACE = 45  # seconds from a stage's SIGTERM at its limit to SIGKILL
 
 
@@ -111,8 +115,9 @@ def stages(out, smoke, shakespeare_data, bpe_data='data/fineweb-edu'):
         'step_fsdp': [*torchrun, 'tools/bench.py', *shape, *data, *timing, '--parallel=fsdp'],
         'profile': [*py, 'tools/bench.py', *shape, *data, *timing, '--variants=additive',
                     f'--profile={os.path.join(out, "profile")}'],
-        'wide': [*py, 'tools/bench.py', *shape, *([] if smoke else ['--gradient_accumulation_steps=1']), *data, *timing,
-                 f"--variants={','.join(WIDE)}"],
+        'kernels': [*py, 'tools/bench.py', *shape, *([] if smoke else ['--gradient_accumulation_steps=1']), *data,
+                    *timing, f"--variants={','.join(WIDE)}"],
+        'kernel_bw': [*py, 'tools/bench_kernels.py', *(['--smoke'] if smoke else [])],
         'generate': [*py, 'tools/bench.py', 'config/shakespeare_add.py', *small, *sh_data, '--sample', '--repeats=1',
                      f"--sample_tokens={8 if smoke else 500}"],
         'shakespeare': [*py, 'tools/compare.py', *(f'config/shakespeare_{v}.py' for v in RULES),
@@ -123,12 +128,12 @@ def stages(out, smoke, shakespeare_data, bpe_data='data/fineweb-edu'):
     }
 
 
-def run_stage(name, argv, out, limit):
-    """Run one stage; its output goes to OUT/<name>.md. Returns (status, seconds)."""
+def run_stage(name, argv, out, limit, env=None):
+    """Run one stage; its tables go to OUT/<name>.md, all it printed to OUT/<name>.log. Returns (status, seconds)."""
     t0 = time.perf_counter()
     # a session of its own: at the limit, torchrun's workers stop with it rather than hold the GPU
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+                            start_new_session=True, env=env)
     try:
         text = proc.communicate(timeout=limit)[0]
         status = 'ok' if proc.returncode == 0 else f'failed (exit {proc.returncode})'
@@ -140,6 +145,8 @@ def run_stage(name, argv, out, limit):
             os.killpg(proc.pid, signal.SIGKILL)
             text = proc.communicate()[0]
         status = f'stopped at its {limit} s limit'
+    with open(os.path.join(out, f'{name}.log'), 'w') as f:
+        f.write(text)
     keep = [line for line in text.splitlines() if line.startswith(('|', 'cpu', 'cuda', 'wrote', '`', 'kernels', 'operators',
                                                                    '- `', 'miniseries interrupted')) or
             re.match(r'\[\d+\] ', line) or status != 'ok' and 'rror' in line]
@@ -171,7 +178,8 @@ def main(argv=None):
             print(f"{name}: {commands[name]}")
             report += [f"## {name}", '', commands[name], '']
             continue
-        status, seconds = run_stage(name, commands[name], args.out, LIMITS[name] * (4 if args.smoke else 1))
+        status, seconds = run_stage(name, commands[name], args.out, LIMITS[name] * (4 if args.smoke else 1),
+                                    dict(os.environ, TRITON_INTERPRET='1') if args.smoke else None)  # kernels on a CPU
         print(f"{name}: {status}, {seconds:.0f} s")
         with open(os.path.join(args.out, f'{name}.md')) as f:
             report += [f"## {name}", '', f"`{' '.join(commands[name][1:])}`: {status}, {seconds:.0f} s", '', f.read()]

@@ -85,20 +85,21 @@ def test_each_layer_computes_its_papers_equations(cls, reference, dynamic):
 
 @pytest.mark.parametrize('dynamic', [True, False])
 @pytest.mark.parametrize('cls', [HyperConnection, ManifoldHyperConnection], ids=['hc', 'mhc'])
-def test_mixed_precision_leaves_the_stream_in_float32(cls, dynamic):
-    """Under bfloat16 autocast the weights and the mixing are the float32 ones, digit for digit, and
-    static HC at init writes x + u exactly, as the additive rule's float32 stream does."""
+def test_mixed_precision_stores_the_copies_in_bfloat16_and_computes_in_float32(cls, dynamic):
+    """[mHC] Sec. 4.3.1: under bfloat16 autocast the copies are stored in bfloat16, while the weights, the read and
+    the mixing are float32's digit for digit, rounded once where they are stored; and static HC at init writes
+    x + u as float32 would, rounded once."""
     rule = cls(D, N, 3, dynamic) if cls is HyperConnection else cls(D, N, 3, dynamic, 20)
-    H, u = torch.randn(6, N, D) * 20, torch.randn(6, D).bfloat16()
+    H, u = (torch.randn(6, N, D) * 20).bfloat16(), torch.randn(6, D).bfloat16()
     with torch.no_grad():
-        plain = sublayer(rule, H, u)
+        plain = sublayer(rule, H.float(), u.float())
         with torch.autocast('cpu', dtype=torch.bfloat16):
             mixed = sublayer(rule, H, u)
     for a, b in zip(plain, mixed):
-        assert b.dtype == torch.float32
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        assert a.dtype == torch.float32 and b.dtype == torch.bfloat16
+        torch.testing.assert_close(b, a.bfloat16(), rtol=0, atol=0)
     if cls is HyperConnection and not dynamic:
-        torch.testing.assert_close(mixed[1], H + u.float().unsqueeze(-2), rtol=0, atol=0)
+        torch.testing.assert_close(mixed[1], (H.float() + u.float().unsqueeze(-2)).bfloat16(), rtol=0, atol=0)
 
 
 ARCHITECTURES = {'gpt2': dict(norm='layernorm', bias=True, activation='gelu_tanh', tie_weights=True, init='gpt2'),
@@ -210,7 +211,7 @@ def test_each_sublayer_computes_its_coefficients_once(gpt_config, residual, monk
     calls = []
     for m in net.modules():
         if isinstance(m, HyperConnection):
-            monkeypatch.setattr(m, 'mix', lambda H, mix=m.mix, m=m: calls.append(m) or mix(H))
+            monkeypatch.setattr(m, 'coefficients', lambda H, f=m.coefficients, m=m: calls.append(m) or f(H))
     projections = []
     monkeypatch.setattr(model_module, 'sinkhorn', lambda *a: projections.append(1) or sinkhorn(*a))
     idx = torch.randint(11, (2, 16))
@@ -303,7 +304,7 @@ def test_each_h_res_constraint_holds_in_float64(res):
     assert constraint_holds(res, M)
     identity = ManifoldHyperConnection(D, N, 1, True, 20, 'identity').double()  # and the identity mixes nothing
     H = torch.randn(3, 7, N, D, dtype=torch.float64)
-    assert identity.coefficients(H)[2] is None and torch.equal(identity.mix(H)[1], H)
+    assert identity.coefficients(H)[2] is None and torch.equal(sublayer(identity, H, 0 * H[..., 0, :])[1], H)
 
 
 def test_sinkhorn_is_exact_on_rows_and_converges_on_columns():

@@ -1,0 +1,617 @@
+"""Fused Triton kernels of the wide streams' two passes: hc_kernels='triton' (and 'auto' on CUDA).
+
+The rules in model.py (HyperConnection, ManifoldHyperConnection) are the definition; this module is another
+implementation of their prepare and forward, as FlashAttention is of attention's arithmetic, which the tests hold to
+the rules' values and gradients (tests/unit/test_hc_kernels.py, on a CPU under TRITON_INTERPRET=1). A sublayer
+passes over its stream H (N, n, d) of N tokens twice:
+
+  read   (prepare) one read of H: the coefficient products z and the norm's statistics together (mHC: vec(H) phi and
+         the RMSNorm's sum of squares; HC: each copy's LayerNorm statistics and product with [W_alpha | W_beta]),
+         the read weights from z, and the branch input h = sum_i read[i] H_i from the same rows again (a cache hit)
+  write  (forward) H_j <- sum_i mixing[j, i] H_i + write[j] u: one read of H and u, one write
+
+and backward mirrors them: the write's in one pass (the gradients of H, u and the per-token coefficients), the
+read's in one kernel (the read weights' gradient, then the gradient of H through the products and the norm) and one
+product over the tokens for the weights (X^T Y). Sinkhorn-Knopp runs per token in registers, its backward
+recomputing its rounds. Left to torch, on per-token tensors of n or n x n values: the write and mixing maps from z
+(sigmoid, tanh, the gates), mHC-lite's convex combination of permutations and the Cayley map's batched inverse; they
+move about 1% of the stream's bytes. Everything accumulates in float32; the copies are read and written in the
+stream's dtype (bfloat16 under autocast, model.stream_dtype). Each kernel is a torch custom op, which torch.compile
+and CUDA graphs take whole."""
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+import model
+
+BLOCK_N = 16  # tokens a program takes: tl.dot's smallest tile side
+BLOCK_D = 64  # features of each copy a program reads at a time
+NONE, RMS, LAYERNORM = 0, 1, 2  # the read's products: none (static weights), mHC's, HC's
+
+
+def interpreting():  # Triton's interpreter, which runs the kernels on CPU tensors (tests)
+    return os.environ.get('TRITON_INTERPRET') == '1'
+
+
+def pow2(x, least=1):
+    return max(least, triton.next_power_of_2(x))
+
+
+# ----------------------------------------------------------------------------- the kernels
+
+@triton.jit
+def _tile(ptr, t, d0, N, d, n: tl.constexpr, NP: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
+    """The copies of BN tokens t at features d0.. of a stream (N, n, d), as float32 (BN, NP, BD) and its mask."""
+    i = tl.arange(0, NP)
+    k = d0 + tl.arange(0, BD)
+    mask = (t < N)[:, None, None] & (i < n)[None, :, None] & (k < d)[None, None, :]
+    x = tl.load(ptr + t[:, None, None] * (n * d) + i[None, :, None] * d + k[None, None, :], mask=mask, other=0.0)
+    return x.to(tl.float32), mask
+
+
+@triton.jit
+def _tanh(x):  # as e^(-2|x|), which cannot overflow
+    e = tl.exp(-2 * tl.abs(x))
+    return tl.where(x < 0, -1.0, 1.0) * (1 - e) / (1 + e)
+
+
+@triton.jit
+def _column(z, c, j):
+    """Column j of z (..., C) as (...), c = tl.arange(0, C)."""
+    return tl.sum(tl.where(c == j, z, 0.0), axis=-1)
+
+
+@triton.jit
+def _read_kernel(H, h, Z, S1, S2, PRE, W, C, E, A, B, N, d, m, eps, s_pre_t, s_pre_i,
+                 n: tl.constexpr, NP: tl.constexpr, MP: tl.constexpr, NORM: tl.constexpr, PRECISION: tl.constexpr,
+                 BN: tl.constexpr, BD: tl.constexpr):
+    """h = sum_i read[i] H_i per token, read from the products z of the same pass (NORM RMS or LAYERNORM), written to
+    Z with the statistics (S1: RMS's r; LAYERNORM's mean, S2 its 1/std) and the read weights to PRE; or (NONE) read
+    given in PRE with strides s_pre_t, s_pre_i."""
+    t = tl.program_id(0) * BN + tl.arange(0, BN)
+    i = tl.arange(0, NP)
+    c = tl.arange(0, MP)
+    if NORM == RMS:  # z = (vec(H) phi) r, r = 1 / sqrt(mean(vec(H)^2) + eps); phi (n d, m)
+        acc = tl.zeros((BN, MP), tl.float32)
+        ss = tl.zeros((BN,), tl.float32)
+        for d0 in range(0, d, BD):
+            x, mask = _tile(H, t, d0, N, d, n, NP, BN, BD)
+            rows = i[:, None] * d + d0 + tl.arange(0, BD)[None, :]  # phi's rows for the tile's (copy, feature)
+            wmask = (i[:, None] < n) & (d0 + tl.arange(0, BD)[None, :] < d)
+            w = tl.load(W + tl.reshape(rows, (NP * BD,))[:, None] * m + c[None, :],
+                        mask=tl.reshape(wmask, (NP * BD,))[:, None] & (c < m)[None, :], other=0.0)
+            acc += tl.dot(tl.reshape(x, (BN, NP * BD)), w, input_precision=PRECISION)
+            ss += tl.sum(tl.sum(x * x, axis=2), axis=1)
+        r = tl.rsqrt(ss / (n * d) + eps)
+        z = acc * r[:, None]
+        tl.store(Z + t[:, None] * m + c[None, :], z, mask=(t < N)[:, None] & (c < m)[None, :])
+        tl.store(S1 + t, r, mask=t < N)
+        zp = tl.sum(tl.where(c[None, None, :] == i[None, :, None], z[:, None, :], 0.0), axis=2)  # z[:, :n]
+        pre = tl.sigmoid(tl.load(A) * zp + tl.load(B + i, mask=i < n, other=0.0)[None, :])  # H_pre
+    elif NORM == LAYERNORM:  # per copy: z = LayerNorm(H_i) W = rho (H_i W' - mean c) + e; W' (d, m)
+        acc = tl.zeros((BN * NP, MP), tl.float32)
+        count = tl.zeros((BN, NP), tl.float32)
+        mean = tl.zeros((BN, NP), tl.float32)
+        m2 = tl.zeros((BN, NP), tl.float32)
+        for d0 in range(0, d, BD):
+            x, mask = _tile(H, t, d0, N, d, n, NP, BN, BD)
+            k = d0 + tl.arange(0, BD)
+            w = tl.load(W + k[:, None] * m + c[None, :], mask=(k < d)[:, None] & (c < m)[None, :], other=0.0)
+            acc += tl.dot(tl.reshape(x, (BN * NP, BD)), w, input_precision=PRECISION)
+            nb = tl.minimum(d - d0, BD).to(tl.float32)  # Chan et al.'s merge of the chunk's mean and squares
+            cm = tl.sum(x, axis=2) / nb
+            cm2 = tl.sum(tl.where(mask, (x - cm[:, :, None]) * (x - cm[:, :, None]), 0.0), axis=2)
+            delta = cm - mean
+            total = count + nb
+            mean += delta * nb / total
+            m2 += cm2 + delta * delta * count * nb / total
+            count = total
+        rho = tl.rsqrt(m2 / d + eps)
+        cv = tl.load(C + c, mask=c < m, other=0.0)
+        ev = tl.load(E + c, mask=c < m, other=0.0)
+        z = rho[:, :, None] * (tl.reshape(acc, (BN, NP, MP)) - mean[:, :, None] * cv[None, None, :]) + ev[None, None, :]
+        zmask = (t < N)[:, None, None] & (i < n)[None, :, None] & (c < m)[None, None, :]
+        tl.store(Z + t[:, None, None] * (n * m) + i[None, :, None] * m + c[None, None, :], z, mask=zmask)
+        smask = (t < N)[:, None] & (i < n)[None, :]
+        tl.store(S1 + t[:, None] * n + i[None, :], mean, mask=smask)
+        tl.store(S2 + t[:, None] * n + i[None, :], rho, mask=smask)
+        pre = tl.load(A) * _tanh(_column(z, c[None, None, :], 0)) + \
+            tl.load(B + i, mask=i < n, other=0.0)[None, :]  # A_m
+    else:
+        pre = tl.load(PRE + t[:, None] * s_pre_t + i[None, :] * s_pre_i, mask=(t < N)[:, None] & (i < n)[None, :],
+                      other=0.0).to(tl.float32)
+    if NORM != NONE:
+        tl.store(PRE + t[:, None] * n + i[None, :], pre, mask=(t < N)[:, None] & (i < n)[None, :])
+    for d0 in range(0, d, BD):  # the branch's input from the rows just read
+        x, mask = _tile(H, t, d0, N, d, n, NP, BN, BD)
+        k = d0 + tl.arange(0, BD)
+        tl.store(h + t[:, None] * d + k[None, :], tl.sum(pre[:, :, None] * x, axis=1).to(h.dtype.element_ty),
+                 mask=(t < N)[:, None] & (k < d)[None, :])
+
+
+@triton.jit
+def _read_backward_kernel(H, dh, dH, dZ, Z, S1, S2, PRE, dPRE, W, C, E, A, N, d, m, s_pre_t, s_pre_i,
+                          n: tl.constexpr, NP: tl.constexpr, MP: tl.constexpr, NORM: tl.constexpr,
+                          PRECISION: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
+    """The read's backward: dPRE = <dh, H_i> (the read weights' gradient, per token), then into dZ the gradient of
+    the products z (dZ's own, from the maps of write and mixing, plus the read weights'), then dH = read[i] dh +
+    the products' and the norm's gradient."""
+    t = tl.program_id(0) * BN + tl.arange(0, BN)
+    i = tl.arange(0, NP)
+    c = tl.arange(0, MP)
+    tmask = (t < N)[:, None] & (i < n)[None, :]
+    pre = tl.load(PRE + t[:, None] * s_pre_t + i[None, :] * s_pre_i, mask=tmask, other=0.0).to(tl.float32)
+    dpre = tl.zeros((BN, NP), tl.float32)
+    for d0 in range(0, d, BD):
+        x, mask = _tile(H, t, d0, N, d, n, NP, BN, BD)
+        k = d0 + tl.arange(0, BD)
+        g = tl.load(dh + t[:, None] * d + k[None, :], mask=(t < N)[:, None] & (k < d)[None, :], other=0.0)
+        dpre += tl.sum(x * g.to(tl.float32)[:, None, :], axis=2)
+    tl.store(dPRE + t[:, None] * n + i[None, :], dpre, mask=tmask)
+    if NORM == RMS:
+        zmask = (t < N)[:, None] & (c < m)[None, :]
+        z = tl.load(Z + t[:, None] * m + c[None, :], mask=zmask, other=0.0)
+        g = tl.load(dZ + t[:, None] * m + c[None, :], mask=zmask, other=0.0)
+        dzp = tl.load(A) * dpre * pre * (1 - pre)  # through H_pre = sigmoid(a z_pre + b)
+        g += tl.sum(tl.where(c[None, None, :] == i[None, :, None], dzp[:, :, None], 0.0), axis=1)
+        tl.store(dZ + t[:, None] * m + c[None, :], g, mask=zmask)
+        r = tl.load(S1 + t, mask=t < N, other=0.0)
+        q = r * r * tl.sum(g * z, axis=1) / (n * d)  # the RMSNorm's term: dx = r g phi^T - q x
+    elif NORM == LAYERNORM:
+        zoff = t[:, None, None] * (n * m) + i[None, :, None] * m + c[None, None, :]
+        zmask = (t < N)[:, None, None] & (i < n)[None, :, None] & (c < m)[None, None, :]
+        z = tl.load(Z + zoff, mask=zmask, other=0.0)
+        g = tl.load(dZ + zoff, mask=zmask, other=0.0)
+        th = _tanh(_column(z, c[None, None, :], 0))
+        g += tl.where(c[None, None, :] == 0, (tl.load(A) * dpre * (1 - th * th))[:, :, None], 0.0)  # through A_m
+        tl.store(dZ + zoff, g, mask=zmask)
+        mean = tl.load(S1 + t[:, None] * n + i[None, :], mask=tmask, other=0.0)
+        rho = tl.load(S2 + t[:, None] * n + i[None, :], mask=tmask, other=0.0)
+        cv = tl.load(C + c, mask=c < m, other=0.0)
+        ev = tl.load(E + c, mask=c < m, other=0.0)
+        q = rho * rho * tl.sum(g * (z - ev[None, None, :]), axis=2) / d  # dx = rho g W'^T - q (x - mean) - p
+        p = rho * tl.sum(g * cv[None, None, :], axis=2) / d
+    for d0 in range(0, d, BD):
+        x, mask = _tile(H, t, d0, N, d, n, NP, BN, BD)
+        k = d0 + tl.arange(0, BD)
+        dhc = tl.load(dh + t[:, None] * d + k[None, :], mask=(t < N)[:, None] & (k < d)[None, :], other=0.0)
+        dx = pre[:, :, None] * dhc.to(tl.float32)[:, None, :]
+        if NORM == RMS:
+            rows = i[:, None] * d + k[None, :]
+            wmask = (i[:, None] < n) & (k[None, :] < d)
+            w = tl.load(W + tl.reshape(rows, (NP * BD,))[:, None] * m + c[None, :],
+                        mask=tl.reshape(wmask, (NP * BD,))[:, None] & (c < m)[None, :], other=0.0)
+            back = tl.reshape(tl.dot(g, tl.trans(w), input_precision=PRECISION), (BN, NP, BD))
+            dx += r[:, None, None] * back - q[:, None, None] * x
+        elif NORM == LAYERNORM:
+            w = tl.load(W + k[:, None] * m + c[None, :], mask=(k < d)[:, None] & (c < m)[None, :], other=0.0)
+            back = tl.reshape(tl.dot(tl.reshape(g, (BN * NP, MP)), tl.trans(w), input_precision=PRECISION),
+                              (BN, NP, BD))
+            dx += rho[:, :, None] * back - q[:, :, None] * (x - mean[:, :, None]) - p[:, :, None]
+        tl.store(dH + t[:, None, None] * (n * d) + i[None, :, None] * d + k[None, None, :],
+                 dx.to(dH.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _xty_kernel(X, Y, G, R, K, m, rows_per_split, PRECISION: tl.constexpr, MP: tl.constexpr, BR: tl.constexpr,
+                BK: tl.constexpr):
+    """G[s] = X[rows of split s]^T Y[the same rows]: X (R, K) any float dtype, Y (R, m) float32, G (splits, K, MP)."""
+    k = tl.program_id(0) * BK + tl.arange(0, BK)
+    c = tl.arange(0, MP)
+    first = tl.program_id(1) * rows_per_split
+    acc = tl.zeros((BK, MP), tl.float32)
+    for r0 in range(first, first + rows_per_split, BR):
+        r = r0 + tl.arange(0, BR)
+        rmask = (r < R) & (r < first + rows_per_split)
+        x = tl.load(X + r[:, None] * K + k[None, :], mask=rmask[:, None] & (k < K)[None, :], other=0.0)
+        y = tl.load(Y + r[:, None] * m + c[None, :], mask=rmask[:, None] & (c < m)[None, :], other=0.0)
+        acc += tl.dot(tl.trans(x.to(tl.float32)), y, input_precision=PRECISION)
+    tl.store(G + tl.program_id(1) * K * MP + k[:, None] * MP + c[None, :], acc, mask=(k < K)[:, None])
+
+
+@triton.jit
+def _write_kernel(H, U, RES, POST, OUT, N, d, s_res_t, s_res_j, s_res_i, s_post_t, s_post_j,
+                  n: tl.constexpr, NP: tl.constexpr, HAS_RES: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
+    """OUT_j = sum_i RES[j, i] H_i + POST[j] U (RES absent: the identity), per token."""
+    t = tl.program_id(0) * BN + tl.arange(0, BN)
+    i = tl.arange(0, NP)
+    tmask = t < N
+    d0 = tl.program_id(1) * BD
+    k = d0 + tl.arange(0, BD)
+    x, mask = _tile(H, t, d0, N, d, n, NP, BN, BD)
+    u = tl.load(U + t[:, None] * d + k[None, :], mask=tmask[:, None] & (k < d)[None, :], other=0.0).to(tl.float32)
+    for j in tl.static_range(n):
+        post = tl.load(POST + t * s_post_t + j * s_post_j, mask=tmask, other=0.0)
+        if HAS_RES:
+            res = tl.load(RES + t[:, None] * s_res_t + j * s_res_j + i[None, :] * s_res_i,
+                          mask=tmask[:, None] & (i < n)[None, :], other=0.0)
+            out = tl.sum(res[:, :, None] * x, axis=1)
+        else:
+            out = tl.sum(tl.where(i[None, :, None] == j, x, 0.0), axis=1)
+        out += post[:, None] * u
+        tl.store(OUT + t[:, None] * (n * d) + j * d + k[None, :], out.to(OUT.dtype.element_ty),
+                 mask=tmask[:, None] & (k < d)[None, :])
+
+
+@triton.jit
+def _write_backward_kernel(dOUT, H, U, RES, POST, dH, dU, dRES, dPOST, N, d, s_res_t, s_res_j, s_res_i, s_post_t,
+                           s_post_j, n: tl.constexpr, NP: tl.constexpr, HAS_RES: tl.constexpr, BN: tl.constexpr,
+                           BD: tl.constexpr):
+    """The write's backward per token: dH_i = sum_j RES[j, i] dOUT_j, dU = sum_j POST[j] dOUT_j, and the per-token
+    dRES[j, i] = <dOUT_j, H_i>, dPOST[j] = <dOUT_j, U>."""
+    t = tl.program_id(0) * BN + tl.arange(0, BN)
+    i = tl.arange(0, NP)
+    tmask = t < N
+    dres = tl.zeros((BN, NP, NP), tl.float32)
+    dpost = tl.zeros((BN, NP), tl.float32)
+    for d0 in range(0, d, BD):
+        k = d0 + tl.arange(0, BD)
+        kmask = tmask[:, None] & (k < d)[None, :]
+        x, mask = _tile(H, t, d0, N, d, n, NP, BN, BD)
+        u = tl.load(U + t[:, None] * d + k[None, :], mask=kmask, other=0.0).to(tl.float32)
+        dx = tl.zeros((BN, NP, BD), tl.float32)
+        du = tl.zeros((BN, BD), tl.float32)
+        for j in tl.static_range(n):
+            g = tl.load(dOUT + t[:, None] * (n * d) + j * d + k[None, :], mask=kmask, other=0.0).to(tl.float32)
+            post = tl.load(POST + t * s_post_t + j * s_post_j, mask=tmask, other=0.0)
+            du += post[:, None] * g
+            dpost += tl.where(i[None, :] == j, tl.sum(g * u, axis=1)[:, None], 0.0)
+            if HAS_RES:
+                res = tl.load(RES + t[:, None] * s_res_t + j * s_res_j + i[None, :] * s_res_i,
+                              mask=tmask[:, None] & (i < n)[None, :], other=0.0)
+                dx += res[:, :, None] * g[:, None, :]
+                dres += tl.where(i[None, :, None] == j, tl.sum(g[:, None, :] * x, axis=2)[:, None, :], 0.0)
+            else:
+                dx += tl.where(i[None, :, None] == j, g[:, None, :], 0.0)
+        tl.store(dH + t[:, None, None] * (n * d) + i[None, :, None] * d + k[None, None, :], dx.to(dH.dtype.element_ty),
+                 mask=mask)
+        tl.store(dU + t[:, None] * d + k[None, :], du.to(dU.dtype.element_ty), mask=kmask)
+    nmask = tmask[:, None] & (i < n)[None, :]
+    tl.store(dPOST + t[:, None] * n + i[None, :], dpost, mask=nmask)
+    if HAS_RES:
+        tl.store(dRES + t[:, None, None] * (n * n) + i[None, :, None] * n + i[None, None, :], dres,
+                 mask=nmask[:, :, None] & (i < n)[None, None, :])
+
+
+@triton.jit
+def _sums(x, axis: tl.constexpr):
+    """x's sums along axis (1: each column's, 2: each row's), kept as a dimension; 1 where there is nothing."""
+    s = tl.sum(x, axis=axis)
+    return tl.expand_dims(tl.where(s == 0, 1.0, s), axis)
+
+
+@triton.jit
+def _normalise(x, valid, axis: tl.constexpr):
+    return tl.where(valid, x / _sums(x, axis), 0.0)
+
+
+@triton.jit
+def _sinkhorn_start(L, t, N, s_t, s_i, s_j, n: tl.constexpr, NP: tl.constexpr, BN: tl.constexpr):
+    """exp(logits less their maximum) per token, (BN, NP, NP), 0 outside the n x n matrix; and that mask."""
+    i = tl.arange(0, NP)
+    valid = (t < N)[:, None, None] & (i < n)[None, :, None] & (i < n)[None, None, :]
+    x = tl.load(L + t[:, None, None] * s_t + i[None, :, None] * s_i + i[None, None, :] * s_j, mask=valid,
+                other=-float('inf'))
+    top = tl.max(tl.max(x, axis=2), axis=1)
+    top = tl.where(top == -float('inf'), 0.0, top)
+    return tl.where(valid, tl.exp(x - top[:, None, None]), 0.0), valid
+
+
+@triton.jit
+def _sinkhorn_kernel(L, M, N, s_t, s_i, s_j, n: tl.constexpr, NP: tl.constexpr, ITERS: tl.constexpr,
+                     BN: tl.constexpr):
+    """model.sinkhorn per token: exp, then ITERS rounds of column then row normalisation; M (N, n, n)."""
+    t = tl.program_id(0) * BN + tl.arange(0, BN)
+    i = tl.arange(0, NP)
+    x, valid = _sinkhorn_start(L, t, N, s_t, s_i, s_j, n, NP, BN)
+    for _ in range(ITERS):
+        x = _normalise(_normalise(x, valid, 1), valid, 2)
+    tl.store(M + t[:, None, None] * (n * n) + i[None, :, None] * n + i[None, None, :], x, mask=valid)
+
+
+@triton.jit
+def _sinkhorn_backward_kernel(L, dM, dL, N, s_t, s_i, s_j, n: tl.constexpr, NP: tl.constexpr, ITERS: tl.constexpr,
+                              SP: tl.constexpr, BN: tl.constexpr):
+    """dL from dM: the forward rounds again, keeping each normalisation's sums (SP >= 2 ITERS slots of n); then
+    back through them, last first, each normalisation's output y giving its input y s: y = x / s along an axis has
+    dx = (dy - sum(dy y)) / s along it; and the exp, whose maximum is a constant."""
+    t = tl.program_id(0) * BN + tl.arange(0, BN)
+    i = tl.arange(0, NP)
+    slot = tl.arange(0, SP)[None, :, None]
+    x0, valid = _sinkhorn_start(L, t, N, s_t, s_i, s_j, n, NP, BN)
+    sums = tl.zeros((BN, SP, NP), tl.float32)
+    y = x0
+    for q in range(ITERS):
+        s = _sums(y, 1)  # (BN, 1, NP): each column's
+        sums = tl.where(slot == 2 * q, s, sums)
+        y = tl.where(valid, y / s, 0.0)
+        s = _sums(y, 2)  # (BN, NP, 1): each row's
+        sums = tl.where(slot == 2 * q + 1, tl.reshape(s, (BN, 1, NP)), sums)
+        y = tl.where(valid, y / s, 0.0)
+    off = t[:, None, None] * (n * n) + i[None, :, None] * n + i[None, None, :]
+    g = tl.load(dM + off, mask=valid, other=0.0)
+    for back in range(ITERS):
+        q = ITERS - 1 - back
+        s = tl.reshape(tl.sum(tl.where(slot == 2 * q + 1, sums, 0.0), axis=1), (BN, NP, 1))
+        g = tl.where(valid, (g - tl.expand_dims(tl.sum(g * y, axis=2), 2)) / s, 0.0)
+        y = y * s
+        s = tl.expand_dims(tl.sum(tl.where(slot == 2 * q, sums, 0.0), axis=1), 1)
+        g = tl.where(valid, (g - tl.expand_dims(tl.sum(g * y, axis=1), 1)) / s, 0.0)
+        y = y * s
+    tl.store(dL + off, g * x0, mask=valid)
+
+
+# ----------------------------------------------------------------------------- the custom ops
+# Inputs a mode does not use arrive as empty tensors and reach the kernels as None; outputs it does not fill are empty.
+
+def precision():
+    """tl.dot's arithmetic for float32 products: torch's own choice (torch.set_float32_matmul_precision)."""
+    return 'ieee' if torch.get_float32_matmul_precision() == 'highest' else 'tf32'
+
+
+def given(t):
+    return t if t.numel() else None
+
+
+def f32(*shape, like):
+    return torch.empty(shape, dtype=torch.float32, device=like.device)
+
+
+def read_outputs(H, m, norm):
+    """(h, z, read, S1, S2), empty: _read_kernel's outputs."""
+    N, n, d = H.shape
+    return (torch.empty(N, d, dtype=H.dtype, device=H.device),
+            f32(N, m, like=H) if norm == RMS else f32(N, n, m, like=H) if norm == LAYERNORM else f32(0, like=H),
+            f32(N, n, like=H) if norm != NONE else f32(0, like=H),
+            f32(N, like=H) if norm == RMS else f32(N, n, like=H) if norm == LAYERNORM else f32(0, like=H),
+            f32(N, n, like=H) if norm == LAYERNORM else f32(0, like=H))
+
+
+@torch.library.custom_op('orthogpt::hc_read', mutates_args=())
+def hc_read(H: torch.Tensor, pre: torch.Tensor, weight: torch.Tensor, colsum: torch.Tensor, shift: torch.Tensor,
+            a: torch.Tensor, b: torch.Tensor, norm: int, eps: float
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(h (N, d), z, read weights (N, n), statistics S1, S2) for H (N, n, d) contiguous: _read_kernel. norm NONE:
+    pre is the read (N, n), in any strides; RMS: weight is phi (n d, m); LAYERNORM: weight is W' (d, m), colsum its
+    column sums, shift e. a, b: the read's map."""
+    N, n, d = H.shape
+    m = weight.shape[-1] if norm != NONE else 0
+    h, z, read, s1, s2 = read_outputs(H, m, norm)
+    weight, colsum, shift, a, b = (given(t.contiguous()) for t in (weight, colsum, shift, a, b))
+    _read_kernel[(triton.cdiv(N, BLOCK_N),)](
+        H, h, given(z), given(s1), given(s2), pre if norm == NONE else read, weight, colsum, shift, a, b, N, d, m, eps, *(pre.stride() if norm == NONE else (n, 1)), n=n,
+        NP=pow2(n), MP=pow2(m, 16), NORM=norm, PRECISION=precision(), BN=BLOCK_N, BD=BLOCK_D)
+    return h, z, read, s1, s2
+
+
+@hc_read.register_fake
+def _(H, pre, weight, colsum, shift, a, b, norm, eps):
+    return read_outputs(H, weight.shape[-1] if norm != NONE else 0, norm)
+
+
+@torch.library.custom_op('orthogpt::hc_read_backward', mutates_args=())
+def hc_read_backward(dh: torch.Tensor, dz: torch.Tensor, H: torch.Tensor, z: torch.Tensor, s1: torch.Tensor,
+                     s2: torch.Tensor, read: torch.Tensor, weight: torch.Tensor, colsum: torch.Tensor,
+                     shift: torch.Tensor, a: torch.Tensor, norm: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dH, the read weights' gradient (N, n) per token, dz with the read weights' part added): _read_backward_kernel."""
+    N, n, d = H.shape
+    m = weight.shape[-1] if norm != NONE else 0
+    dH, dread, dz_all = torch.empty_like(H), f32(N, n, like=H), f32(*dz.shape, like=H).copy_(dz)
+    weight, colsum, shift, a = (given(t.contiguous()) for t in (weight, colsum, shift, a))
+    _read_backward_kernel[(triton.cdiv(N, BLOCK_N),)](
+        H, dh.contiguous(), dH, given(dz_all), given(z), given(s1), given(s2), read, dread, weight, colsum, shift, a,
+        N, d, m, *read.stride(), n=n, NP=pow2(n), MP=pow2(m, 16), NORM=norm,
+        PRECISION=precision(), BN=BLOCK_N, BD=BLOCK_D)
+    return dH, dread, dz_all
+
+
+@hc_read_backward.register_fake
+def _(dh, dz, H, z, s1, s2, read, weight, colsum, shift, a, norm):
+    return torch.empty_like(H), f32(*H.shape[:2], like=H), f32(*dz.shape, like=H)
+
+
+@torch.library.custom_op('orthogpt::hc_xty', mutates_args=())
+def hc_xty(X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
+    """X^T Y, (K, m) float32, for X (R, K) of any float dtype and Y (R, m) float32: a weight's gradient, summed
+    over the rows in parts (enough programs for a GPU) that are then added in a fixed order (deterministic)."""
+    (R, K), m = X.shape, Y.shape[1]
+    splits = max(1, min(64, R // 2048))
+    G = f32(splits, K, pow2(m, 16), like=X)
+    _xty_kernel[(triton.cdiv(K, 64), splits)](X.contiguous(), Y.contiguous(), G, R, K, m, triton.cdiv(R, splits),
+                                              PRECISION=precision(), MP=G.shape[-1], BR=32, BK=64)
+    return G.sum(0)[:, :m].contiguous()
+
+
+@hc_xty.register_fake
+def _(X, Y):
+    return f32(X.shape[1], Y.shape[1], like=X)
+
+
+@torch.library.custom_op('orthogpt::hc_write', mutates_args=())
+def hc_write(H: torch.Tensor, u: torch.Tensor, res: torch.Tensor | None, post: torch.Tensor,
+             dtype: torch.dtype) -> torch.Tensor:
+    """sum_i res[j, i] H_i + post[j] u, (N, n, d) in dtype, for H (N, n, d) and u (N, d) contiguous; res (N, n, n)
+    and post (N, n) in any strides (a static rule's expanded); res None: the identity."""
+    N, n, d = H.shape
+    out = torch.empty(N, n, d, dtype=dtype, device=H.device)
+    _write_kernel[(triton.cdiv(N, BLOCK_N), triton.cdiv(d, BLOCK_D))](
+        H, u, res, post, out, N, d, *(res.stride() if res is not None else (0, 0, 0)), *post.stride(), n=n,
+        NP=pow2(n), HAS_RES=res is not None, BN=BLOCK_N, BD=BLOCK_D)
+    return out
+
+
+@hc_write.register_fake
+def _(H, u, res, post, dtype):
+    return torch.empty(H.shape, dtype=dtype, device=H.device)
+
+
+@torch.library.custom_op('orthogpt::hc_write_backward', mutates_args=())
+def hc_write_backward(dout: torch.Tensor, H: torch.Tensor, u: torch.Tensor, res: torch.Tensor | None,
+                      post: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dH, du, dres (N, n, n) per token, empty for the identity, dpost (N, n) per token): _write_backward_kernel."""
+    N, n, d = H.shape
+    dH, du, dres, dpost = torch.empty_like(H), torch.empty_like(u), f32(N, n, n, like=H) if res is not None else \
+        f32(0, like=H), f32(N, n, like=H)
+    _write_backward_kernel[(triton.cdiv(N, BLOCK_N),)](
+        dout.contiguous(), H, u, res, post, dH, du, given(dres), dpost, N, d,
+        *(res.stride() if res is not None else (0, 0, 0)), *post.stride(), n=n, NP=pow2(n), HAS_RES=res is not None,
+        BN=BLOCK_N, BD=BLOCK_D)
+    return dH, du, dres, dpost
+
+
+@hc_write_backward.register_fake
+def _(dout, H, u, res, post):
+    N, n, d = H.shape
+    return (torch.empty_like(H), torch.empty_like(u), f32(N, n, n, like=H) if res is not None else f32(0, like=H),
+            f32(N, n, like=H))
+
+
+@torch.library.custom_op('orthogpt::hc_sinkhorn', mutates_args=())
+def hc_sinkhorn(logits: torch.Tensor, iters: int) -> torch.Tensor:
+    """model.sinkhorn of float32 logits (N, n, n) in any strides, per token in registers: _sinkhorn_kernel."""
+    N, n, _ = logits.shape
+    out = f32(N, n, n, like=logits)
+    _sinkhorn_kernel[(triton.cdiv(N, BLOCK_N),)](logits, out, N, *logits.stride(), n=n, NP=pow2(n), ITERS=iters,
+                                                  BN=BLOCK_N)
+    return out
+
+
+@hc_sinkhorn.register_fake
+def _(logits, iters):
+    return f32(*logits.shape, like=logits)
+
+
+@torch.library.custom_op('orthogpt::hc_sinkhorn_backward', mutates_args=())
+def hc_sinkhorn_backward(dM: torch.Tensor, logits: torch.Tensor, iters: int) -> torch.Tensor:
+    N, n, _ = logits.shape
+    dL = f32(N, n, n, like=logits)
+    _sinkhorn_backward_kernel[(triton.cdiv(N, BLOCK_N),)](logits, dM.contiguous(), dL, N, *logits.stride(), n=n,
+                                                           NP=pow2(n), ITERS=iters, SP=pow2(2 * iters), BN=BLOCK_N)
+    return dL
+
+
+@hc_sinkhorn_backward.register_fake
+def _(dM, logits, iters):
+    return f32(*logits.shape, like=logits)
+
+
+# ----------------------------------------------------------------------------- their gradients
+
+def _read_setup(ctx, inputs, output):
+    H, pre, weight, colsum, shift, a, b, norm, eps = inputs
+    h, z, read, s1, s2 = output
+    ctx.norm = norm
+    ctx.save_for_backward(H, pre if norm == NONE else read, weight, colsum, shift, a, z, s1, s2)
+
+
+def _read_grads(ctx, dh, dz, dread_out, ds1, ds2):
+    H, read, weight, colsum, shift, a, z, s1, s2 = ctx.saved_tensors
+    norm, n = ctx.norm, H.shape[1]
+    dz = torch.zeros_like(z) if dz is None else dz
+    dH, dread, dz = hc_read_backward(dh, dz, H, z, s1, s2, read, weight, colsum, shift, a, norm)
+    if norm == NONE:
+        return dH, dread, None, None, None, None, None, None, None
+    if norm == RMS:  # read = sigmoid(a z[:, :n] + b); z = (vec(H) phi) r
+        g = dread * read * (1 - read)
+        da, db = (g * z[:, :n]).sum().view(1), g.sum(0)
+        dweight, dcolsum, dshift = hc_xty(H.view(H.shape[0], -1), dz * s1[:, None]), None, None
+    else:  # read = a tanh(z[..., 0]) + b; z = rho (H_i W' - mean c) + e per copy
+        da, db = (dread * torch.tanh(z[..., 0])).sum().view(1), dread.sum(0)
+        dweight = hc_xty(H.view(-1, H.shape[-1]), (dz * s2[..., None]).view(-1, dz.shape[-1]))
+        dcolsum, dshift = -(dz * (s1 * s2)[..., None]).sum((0, 1)), dz.sum((0, 1))
+    return dH, None, dweight, dcolsum, dshift, da, db, None, None
+
+
+hc_read.register_autograd(_read_grads, setup_context=_read_setup)
+
+
+def _write_setup(ctx, inputs, output):
+    H, u, res, post, dtype = inputs
+    ctx.has_res = res is not None
+    ctx.save_for_backward(H, u, *((res,) if res is not None else ()), post)
+
+
+def _write_grads(ctx, dout):
+    H, u, *res, post = ctx.saved_tensors
+    dH, du, dres, dpost = hc_write_backward(dout, H, u, res[0] if ctx.has_res else None, post)
+    return dH, du, dres if ctx.has_res else None, dpost, None
+
+
+hc_write.register_autograd(_write_grads, setup_context=_write_setup)
+
+
+def _sinkhorn_setup(ctx, inputs, output):
+    ctx.iters = inputs[1]
+    ctx.save_for_backward(inputs[0])
+
+
+def _sinkhorn_grads(ctx, dM):
+    return hc_sinkhorn_backward(dM, ctx.saved_tensors[0], ctx.iters), None
+
+
+hc_sinkhorn.register_autograd(_sinkhorn_grads, setup_context=_sinkhorn_setup)
+
+
+def sinkhorn(logits, iters):
+    """model.sinkhorn on the fused kernel: logits (..., n, n) in float32."""
+    return hc_sinkhorn(logits.reshape(-1, *logits.shape[-2:]), iters).view(logits.shape)
+
+
+# ----------------------------------------------------------------------------- the rules' two passes
+
+class Fused:
+    """HyperConnection's and ManifoldHyperConnection's prepare and forward on the kernels above (model.KERNELS).
+    strict: run wherever asked ('triton'), saying why not where they cannot; else ('auto') on CUDA only."""
+
+    def __init__(self, strict):
+        self.strict = strict
+
+    def takes(self, rule, x):
+        if type(rule) not in (model.HyperConnection, model.ManifoldHyperConnection):
+            if self.strict:
+                raise ValueError(f"hc_kernels='triton' implements residual='hc' and 'mhc', not {type(rule).__name__}; "
+                                 f"use hc_kernels='torch'")
+            return False
+        ok = x.dtype in (torch.float32, torch.bfloat16, torch.float16)
+        if self.strict and not ok:
+            raise ValueError(f"hc_kernels='triton' computes streams of float32, bfloat16 or float16, not {x.dtype}; "
+                             f"use hc_kernels='torch'")
+        if self.strict and x.device.type != 'cuda' and not interpreting():
+            raise ValueError(f"hc_kernels='triton' runs on CUDA GPUs, not {x.device.type} (on a CPU under Triton's "
+                             f"interpreter, TRITON_INTERPRET=1, slowly: for tests); use hc_kernels='auto' or 'torch'")
+        return ok and (x.is_cuda or self.strict)
+
+    def prepare(self, rule, x):
+        H = x.reshape(-1, *x.shape[-2:]).contiguous()  # (N, n, d)
+        N, n, d = H.shape
+        none = H.new_empty(0, dtype=torch.float32)
+        with torch.autocast(x.device.type, enabled=False):
+            if not rule.dynamic:
+                read, write, mixing = rule.maps(None, sinkhorn)
+                h = hc_read(H, read.expand(N, n), none, none, none, none, none, NONE, 0.0)[0]
+            else:
+                if isinstance(rule, model.ManifoldHyperConnection):  # RMSNorm(vec(H)) phi
+                    h, z = hc_read(H, none, rule.phi, none, none, rule.a_pre, rule.b_pre, RMS, 1e-20)[:2]
+                else:  # LayerNorm(H_i) W per copy: rho (H_i W' - mean c) + e, W' = diag(w) W, c its column sums, e = b W
+                    W = torch.cat([rule.W_alpha, rule.W_beta], 1)
+                    weight = rule.norm.weight[:, None] * W
+                    h, z = hc_read(H, none, weight, weight.sum(0), rule.norm.bias @ W, rule.s_alpha,
+                                   rule.static_alpha[:, 0], LAYERNORM, rule.norm.eps)[:2]
+                _, write, mixing = rule.maps(z.view(*x.shape[:-2], *z.shape[1:]), sinkhorn)
+        return h.view(*x.shape[:-2], d), (write, mixing)
+
+    def forward(self, rule, x, u, state):
+        write, mixing = state
+        H = x.reshape(-1, *x.shape[-2:]).contiguous()
+        N, n, d = H.shape
+        lead = x.shape[:-2]
+        out = hc_write(H, u.reshape(N, d).contiguous(),
+                       None if mixing is None else mixing.expand(*lead, n, n).reshape(N, n, n),
+                       write.expand(*lead, n).reshape(N, n), model.stream_dtype(x))
+        return out.view(x.shape)
+
+
+model.KERNELS.update(triton=Fused(strict=True), auto=Fused(strict=False))
