@@ -27,8 +27,12 @@ import triton.language as tl
 
 import model
 
-BLOCK_N = 16  # tokens a program takes: tl.dot's smallest tile side
+# Tile sizes: not tuned on a GPU yet (docs/performance.md). The reads take more tokens, so that each program's
+# share of the weight's reads (phi is n d x m) is small beside the stream's.
+BLOCK_N = 16  # tokens a program takes (tl.dot's smallest tile side)
+BLOCK_K = 64  # features of the flattened stream vec(H) a product reads at a time
 BLOCK_D = 64  # features of each copy a program reads at a time
+READ_N = {0: 32, 1: 64, 2: 32}  # tokens a read's program takes, by NORM: n d-wide rows for RMS, n rows of d else
 NONE, RMS, LAYERNORM = 0, 1, 2  # the read's products: none (static weights), mHC's, HC's
 
 
@@ -43,6 +47,19 @@ def pow2(x, least=1):
 # ----------------------------------------------------------------------------- the kernels
 
 @triton.jit
+def _tokens(BN: tl.constexpr):
+    """This program's BN token indices, in 64 bits: offsets such as t n d outgrow 32 bits on large batches."""
+    return tl.program_id(0).to(tl.int64) * BN + tl.arange(0, BN)
+
+
+@triton.jit
+def _flat(ptr, t, k, N, K):
+    """Features k of the flattened rows t of (N, K), as float32, and the mask."""
+    mask = (t < N)[:, None] & (k < K)[None, :]
+    return tl.load(ptr + t[:, None] * K + k[None, :], mask=mask, other=0.0).to(tl.float32), mask
+
+
+@triton.jit
 def _tile(ptr, t, d0, N, d, n: tl.constexpr, NP: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
     """The copies of BN tokens t at features d0.. of a stream (N, n, d), as float32 (BN, NP, BD) and its mask."""
     i = tl.arange(0, NP)
@@ -50,6 +67,13 @@ def _tile(ptr, t, d0, N, d, n: tl.constexpr, NP: tl.constexpr, BN: tl.constexpr,
     mask = (t < N)[:, None, None] & (i < n)[None, :, None] & (k < d)[None, None, :]
     x = tl.load(ptr + t[:, None, None] * (n * d) + i[None, :, None] * d + k[None, None, :], mask=mask, other=0.0)
     return x.to(tl.float32), mask
+
+
+@triton.jit
+def _copy(ptr, t, i, k, N, d, n: tl.constexpr):
+    """Features k of copy i of tokens t of a stream (N, n, d), as float32 (BN, BK)."""
+    return tl.load(ptr + t[:, None] * (n * d) + i * d + k[None, :], mask=(t < N)[:, None] & (k < d)[None, :],
+                   other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -67,24 +91,22 @@ def _column(z, c, j):
 @triton.jit
 def _read_kernel(H, h, Z, S1, S2, PRE, W, C, E, A, B, N, d, m, eps, s_pre_t, s_pre_i,
                  n: tl.constexpr, NP: tl.constexpr, MP: tl.constexpr, NORM: tl.constexpr, PRECISION: tl.constexpr,
-                 BN: tl.constexpr, BD: tl.constexpr):
+                 BN: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr):
     """h = sum_i read[i] H_i per token, read from the products z of the same pass (NORM RMS or LAYERNORM), written to
     Z with the statistics (S1: RMS's r; LAYERNORM's mean, S2 its 1/std) and the read weights to PRE; or (NONE) read
     given in PRE with strides s_pre_t, s_pre_i."""
-    t = tl.program_id(0) * BN + tl.arange(0, BN)
+    t = _tokens(BN)
     i = tl.arange(0, NP)
     c = tl.arange(0, MP)
     if NORM == RMS:  # z = (vec(H) phi) r, r = 1 / sqrt(mean(vec(H)^2) + eps); phi (n d, m)
         acc = tl.zeros((BN, MP), tl.float32)
         ss = tl.zeros((BN,), tl.float32)
-        for d0 in range(0, d, BD):
-            x, mask = _tile(H, t, d0, N, d, n, NP, BN, BD)
-            rows = i[:, None] * d + d0 + tl.arange(0, BD)[None, :]  # phi's rows for the tile's (copy, feature)
-            wmask = (i[:, None] < n) & (d0 + tl.arange(0, BD)[None, :] < d)
-            w = tl.load(W + tl.reshape(rows, (NP * BD,))[:, None] * m + c[None, :],
-                        mask=tl.reshape(wmask, (NP * BD,))[:, None] & (c < m)[None, :], other=0.0)
-            acc += tl.dot(tl.reshape(x, (BN, NP * BD)), w, input_precision=PRECISION)
-            ss += tl.sum(tl.sum(x * x, axis=2), axis=1)
+        for k0 in range(0, n * d, BK):
+            k = k0 + tl.arange(0, BK)
+            x, mask = _flat(H, t, k, N, n * d)
+            w = tl.load(W + k[:, None] * m + c[None, :], mask=(k < n * d)[:, None] & (c < m)[None, :], other=0.0)
+            acc += tl.dot(x, w, input_precision=PRECISION)
+            ss += tl.sum(x * x, axis=1)
         r = tl.rsqrt(ss / (n * d) + eps)
         z = acc * r[:, None]
         tl.store(Z + t[:, None] * m + c[None, :], z, mask=(t < N)[:, None] & (c < m)[None, :])
@@ -101,7 +123,7 @@ def _read_kernel(H, h, Z, S1, S2, PRE, W, C, E, A, B, N, d, m, eps, s_pre_t, s_p
             k = d0 + tl.arange(0, BD)
             w = tl.load(W + k[:, None] * m + c[None, :], mask=(k < d)[:, None] & (c < m)[None, :], other=0.0)
             acc += tl.dot(tl.reshape(x, (BN * NP, BD)), w, input_precision=PRECISION)
-            nb = tl.minimum(d - d0, BD).to(tl.float32)  # Chan et al.'s merge of the chunk's mean and squares
+            nb = tl.minimum(d - d0, BD).to(tl.float32)  # the chunk's mean and squares merged (Chan, Golub, LeVeque)
             cm = tl.sum(x, axis=2) / nb
             cm2 = tl.sum(tl.where(mask, (x - cm[:, :, None]) * (x - cm[:, :, None]), 0.0), axis=2)
             delta = cm - mean
@@ -126,30 +148,32 @@ def _read_kernel(H, h, Z, S1, S2, PRE, W, C, E, A, B, N, d, m, eps, s_pre_t, s_p
     if NORM != NONE:
         tl.store(PRE + t[:, None] * n + i[None, :], pre, mask=(t < N)[:, None] & (i < n)[None, :])
     for d0 in range(0, d, BD):  # the branch's input from the rows just read
-        x, mask = _tile(H, t, d0, N, d, n, NP, BN, BD)
         k = d0 + tl.arange(0, BD)
-        tl.store(h + t[:, None] * d + k[None, :], tl.sum(pre[:, :, None] * x, axis=1).to(h.dtype.element_ty),
-                 mask=(t < N)[:, None] & (k < d)[None, :])
+        out = tl.zeros((BN, BD), tl.float32)
+        for j in tl.static_range(n):
+            out += _column(pre, i[None, :], j)[:, None] * _copy(H, t, j, k, N, d, n)
+        tl.store(h + t[:, None] * d + k[None, :], out.to(h.dtype.element_ty), mask=(t < N)[:, None] & (k < d)[None, :])
 
 
 @triton.jit
 def _read_backward_kernel(H, dh, dH, dZ, Z, S1, S2, PRE, dPRE, W, C, E, A, N, d, m, s_pre_t, s_pre_i,
                           n: tl.constexpr, NP: tl.constexpr, MP: tl.constexpr, NORM: tl.constexpr,
-                          PRECISION: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
+                          PRECISION: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr):
     """The read's backward: dPRE = <dh, H_i> (the read weights' gradient, per token), then into dZ the gradient of
     the products z (dZ's own, from the maps of write and mixing, plus the read weights'), then dH = read[i] dh +
     the products' and the norm's gradient."""
-    t = tl.program_id(0) * BN + tl.arange(0, BN)
+    t = _tokens(BN)
     i = tl.arange(0, NP)
     c = tl.arange(0, MP)
     tmask = (t < N)[:, None] & (i < n)[None, :]
     pre = tl.load(PRE + t[:, None] * s_pre_t + i[None, :] * s_pre_i, mask=tmask, other=0.0).to(tl.float32)
     dpre = tl.zeros((BN, NP), tl.float32)
     for d0 in range(0, d, BD):
-        x, mask = _tile(H, t, d0, N, d, n, NP, BN, BD)
         k = d0 + tl.arange(0, BD)
         g = tl.load(dh + t[:, None] * d + k[None, :], mask=(t < N)[:, None] & (k < d)[None, :], other=0.0)
-        dpre += tl.sum(x * g.to(tl.float32)[:, None, :], axis=2)
+        for j in tl.static_range(n):
+            dpre += tl.where(i[None, :] == j, tl.sum(_copy(H, t, j, k, N, d, n) * g.to(tl.float32), axis=1)[:, None],
+                             0.0)
     tl.store(dPRE + t[:, None] * n + i[None, :], dpre, mask=tmask)
     if NORM == RMS:
         zmask = (t < N)[:, None] & (c < m)[None, :]
@@ -174,25 +198,29 @@ def _read_backward_kernel(H, dh, dH, dZ, Z, S1, S2, PRE, dPRE, W, C, E, A, N, d,
         ev = tl.load(E + c, mask=c < m, other=0.0)
         q = rho * rho * tl.sum(g * (z - ev[None, None, :]), axis=2) / d  # dx = rho g W'^T - q (x - mean) - p
         p = rho * tl.sum(g * cv[None, None, :], axis=2) / d
-    for d0 in range(0, d, BD):
-        x, mask = _tile(H, t, d0, N, d, n, NP, BN, BD)
-        k = d0 + tl.arange(0, BD)
-        dhc = tl.load(dh + t[:, None] * d + k[None, :], mask=(t < N)[:, None] & (k < d)[None, :], other=0.0)
-        dx = pre[:, :, None] * dhc.to(tl.float32)[:, None, :]
-        if NORM == RMS:
-            rows = i[:, None] * d + k[None, :]
-            wmask = (i[:, None] < n) & (k[None, :] < d)
-            w = tl.load(W + tl.reshape(rows, (NP * BD,))[:, None] * m + c[None, :],
-                        mask=tl.reshape(wmask, (NP * BD,))[:, None] & (c < m)[None, :], other=0.0)
-            back = tl.reshape(tl.dot(g, tl.trans(w), input_precision=PRECISION), (BN, NP, BD))
-            dx += r[:, None, None] * back - q[:, None, None] * x
-        elif NORM == LAYERNORM:
+    if NORM == LAYERNORM:
+        for d0 in range(0, d, BD):
+            x, mask = _tile(H, t, d0, N, d, n, NP, BN, BD)
+            k = d0 + tl.arange(0, BD)
+            dhc = tl.load(dh + t[:, None] * d + k[None, :], mask=(t < N)[:, None] & (k < d)[None, :], other=0.0)
             w = tl.load(W + k[:, None] * m + c[None, :], mask=(k < d)[:, None] & (c < m)[None, :], other=0.0)
             back = tl.reshape(tl.dot(tl.reshape(g, (BN * NP, MP)), tl.trans(w), input_precision=PRECISION),
                               (BN, NP, BD))
-            dx += rho[:, :, None] * back - q[:, :, None] * (x - mean[:, :, None]) - p[:, :, None]
-        tl.store(dH + t[:, None, None] * (n * d) + i[None, :, None] * d + k[None, None, :],
-                 dx.to(dH.dtype.element_ty), mask=mask)
+            dx = pre[:, :, None] * dhc.to(tl.float32)[:, None, :] + rho[:, :, None] * back - \
+                q[:, :, None] * (x - mean[:, :, None]) - p[:, :, None]
+            tl.store(dH + t[:, None, None] * (n * d) + i[None, :, None] * d + k[None, None, :],
+                     dx.to(dH.dtype.element_ty), mask=mask)
+    else:  # over vec(H) (N, n d): feature k is copy k // d's feature k % d
+        for k0 in range(0, n * d, BK):
+            k = k0 + tl.arange(0, BK)
+            x, mask = _flat(H, t, k, N, n * d)
+            dhk = tl.load(dh + t[:, None] * d + (k % d)[None, :], mask=mask, other=0.0).to(tl.float32)
+            prek = tl.load(PRE + t[:, None] * s_pre_t + (k // d)[None, :] * s_pre_i, mask=mask, other=0.0)
+            dx = prek.to(tl.float32) * dhk
+            if NORM == RMS:
+                w = tl.load(W + k[:, None] * m + c[None, :], mask=(k < n * d)[:, None] & (c < m)[None, :], other=0.0)
+                dx += r[:, None] * tl.dot(g, tl.trans(w), input_precision=PRECISION) - q[:, None] * x
+            tl.store(dH + t[:, None] * (n * d) + k[None, :], dx.to(dH.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -201,7 +229,7 @@ def _xty_kernel(X, Y, G, R, K, m, rows_per_split, PRECISION: tl.constexpr, MP: t
     """G[s] = X[rows of split s]^T Y[the same rows]: X (R, K) any float dtype, Y (R, m) float32, G (splits, K, MP)."""
     k = tl.program_id(0) * BK + tl.arange(0, BK)
     c = tl.arange(0, MP)
-    first = tl.program_id(1) * rows_per_split
+    first = tl.program_id(1).to(tl.int64) * rows_per_split
     acc = tl.zeros((BK, MP), tl.float32)
     for r0 in range(first, first + rows_per_split, BR):
         r = r0 + tl.arange(0, BR)
@@ -216,7 +244,7 @@ def _xty_kernel(X, Y, G, R, K, m, rows_per_split, PRECISION: tl.constexpr, MP: t
 def _write_kernel(H, U, RES, POST, OUT, N, d, s_res_t, s_res_j, s_res_i, s_post_t, s_post_j,
                   n: tl.constexpr, NP: tl.constexpr, HAS_RES: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
     """OUT_j = sum_i RES[j, i] H_i + POST[j] U (RES absent: the identity), per token."""
-    t = tl.program_id(0) * BN + tl.arange(0, BN)
+    t = _tokens(BN)
     i = tl.arange(0, NP)
     tmask = t < N
     d0 = tl.program_id(1) * BD
@@ -242,7 +270,7 @@ def _write_backward_kernel(dOUT, H, U, RES, POST, dH, dU, dRES, dPOST, N, d, s_r
                            BD: tl.constexpr):
     """The write's backward per token: dH_i = sum_j RES[j, i] dOUT_j, dU = sum_j POST[j] dOUT_j, and the per-token
     dRES[j, i] = <dOUT_j, H_i>, dPOST[j] = <dOUT_j, U>."""
-    t = tl.program_id(0) * BN + tl.arange(0, BN)
+    t = _tokens(BN)
     i = tl.arange(0, NP)
     tmask = t < N
     dres = tl.zeros((BN, NP, NP), tl.float32)
@@ -304,7 +332,7 @@ def _sinkhorn_start(L, t, N, s_t, s_i, s_j, n: tl.constexpr, NP: tl.constexpr, B
 def _sinkhorn_kernel(L, M, N, s_t, s_i, s_j, n: tl.constexpr, NP: tl.constexpr, ITERS: tl.constexpr,
                      BN: tl.constexpr):
     """model.sinkhorn per token: exp, then ITERS rounds of column then row normalisation; M (N, n, n)."""
-    t = tl.program_id(0) * BN + tl.arange(0, BN)
+    t = _tokens(BN)
     i = tl.arange(0, NP)
     x, valid = _sinkhorn_start(L, t, N, s_t, s_i, s_j, n, NP, BN)
     for _ in range(ITERS):
@@ -318,7 +346,7 @@ def _sinkhorn_backward_kernel(L, dM, dL, N, s_t, s_i, s_j, n: tl.constexpr, NP: 
     """dL from dM: the forward rounds again, keeping each normalisation's sums (SP >= 2 ITERS slots of n); then
     back through them, last first, each normalisation's output y giving its input y s: y = x / s along an axis has
     dx = (dy - sum(dy y)) / s along it; and the exp, whose maximum is a constant."""
-    t = tl.program_id(0) * BN + tl.arange(0, BN)
+    t = _tokens(BN)
     i = tl.arange(0, NP)
     slot = tl.arange(0, SP)[None, :, None]
     x0, valid = _sinkhorn_start(L, t, N, s_t, s_i, s_j, n, NP, BN)
@@ -381,9 +409,9 @@ def hc_read(H: torch.Tensor, pre: torch.Tensor, weight: torch.Tensor, colsum: to
     m = weight.shape[-1] if norm != NONE else 0
     h, z, read, s1, s2 = read_outputs(H, m, norm)
     weight, colsum, shift, a, b = (given(t.contiguous()) for t in (weight, colsum, shift, a, b))
-    _read_kernel[(triton.cdiv(N, BLOCK_N),)](
+    _read_kernel[(triton.cdiv(N, READ_N[norm]),)](
         H, h, given(z), given(s1), given(s2), pre if norm == NONE else read, weight, colsum, shift, a, b, N, d, m, eps, *(pre.stride() if norm == NONE else (n, 1)), n=n,
-        NP=pow2(n), MP=pow2(m, 16), NORM=norm, PRECISION=precision(), BN=BLOCK_N, BD=BLOCK_D)
+        NP=pow2(n), MP=pow2(m, 16), NORM=norm, PRECISION=precision(), BN=READ_N[norm], BK=BLOCK_K, BD=BLOCK_D)
     return h, z, read, s1, s2
 
 
@@ -401,10 +429,10 @@ def hc_read_backward(dh: torch.Tensor, dz: torch.Tensor, H: torch.Tensor, z: tor
     m = weight.shape[-1] if norm != NONE else 0
     dH, dread, dz_all = torch.empty_like(H), f32(N, n, like=H), f32(*dz.shape, like=H).copy_(dz)
     weight, colsum, shift, a = (given(t.contiguous()) for t in (weight, colsum, shift, a))
-    _read_backward_kernel[(triton.cdiv(N, BLOCK_N),)](
+    _read_backward_kernel[(triton.cdiv(N, READ_N[norm]),)](
         H, dh.contiguous(), dH, given(dz_all), given(z), given(s1), given(s2), read, dread, weight, colsum, shift, a,
         N, d, m, *read.stride(), n=n, NP=pow2(n), MP=pow2(m, 16), NORM=norm,
-        PRECISION=precision(), BN=BLOCK_N, BD=BLOCK_D)
+        PRECISION=precision(), BN=READ_N[norm], BK=BLOCK_K, BD=BLOCK_D)
     return dH, dread, dz_all
 
 
