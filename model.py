@@ -12,6 +12,10 @@ The papers, cited in docstrings by their short names (docs/rules.md: where each 
   [mHC-lite] Y. Yang, J. Gao. "mHC-lite: You Don't Need 20 Sinkhorn-Knopp Iterations". arXiv:2601.05732
   [JPmHC] B. Sengupta, J. Wang, L. Brunswic. "JPmHC: Dynamical Isometry via
           Orthogonal Hyper-Connections". arXiv:2602.18308
+  [DDL]   Y. Zhang, Y. Liu, M. Wang, Q. Gu. "Deep Delta Learning". arXiv:2601.00417
+  [AttnRes] Kimi Team. "Attention Residuals". arXiv:2603.15031
+  [DenseFormer] M. Pagliardini, A. Mohtashami, F. Fleuret, M. Jaggi. "DenseFormer: Enhancing Information Flow in
+          Transformers via Depth Weighted Averaging". NeurIPS 2024. arXiv:2402.02622
 """
 
 import itertools
@@ -66,6 +70,8 @@ class ResidualUpdate(nn.Module):
     one-stream rule writes forward(x, u, cache=None) alone."""
     keeps_norm = False  # it keeps ||x||, so the model has no norms ([OT])
     normalized = False  # nGPT's architecture
+    depth = False  # it reads what earlier sublayers wrote: prepare(x, cache, depth) gets the forward's Depth
+    anchors = False  # x0_mix may mix the embeddings into its stream
     no_decay = ()  # names of its parameters that weight decay leaves alone (its vectors never decay)
 
     @dataclass
@@ -109,6 +115,7 @@ def combine(w, H):
 @register('additive')
 class AdditiveUpdate(ResidualUpdate):
     """x_next = x + u: the standard residual connection ([OT] Eq. 2)."""
+    anchors = True
 
     def forward(self, x, u, cache=None):
         return x + u
@@ -121,6 +128,7 @@ class OrthogonalUpdate(ResidualUpdate):
     mode 'feature' (Alg. 1): one s per token; 'global' (Alg. 2): one per sample, with prefix sums over positions <= t
     in a causal model (the cache holds the earlier terms). ortho_prob (Sec. 4.4): each sample's connection orthogonal
     with that probability in training, else additive (like drop-path); in eval x + u - prob s x."""
+    anchors = True
 
     @dataclass
     class Options:
@@ -255,8 +263,9 @@ class HyperConnection(ResidualUpdate):
     def check(cls, cfg):
         at_least_one(cfg.options, 'hc_rate')
         if cfg.options.hc_kernels == 'triton' and 'triton' not in KERNELS:
-            raise ValueError("hc_kernels='triton' needs the fused kernels, which orthogpt registers where triton imports "
-                             "(pip install triton); or use hc_kernels='auto' (them where they run, else this code)")
+            raise ValueError("hc_kernels='triton' needs the fused kernels, which orthogpt registers where triton "
+                             "imports (pip install triton); or use hc_kernels='auto' (them where they run, else the "
+                             "rule's own PyTorch)")
 
     def __init__(self, d, n, layer, dynamic, recompute=False, kernels='torch'):
         super().__init__()
@@ -358,7 +367,8 @@ class ManifoldHyperConnection(HyperConnection):
             raise ValueError(f"hc_rate={o.hc_rate}: mHC mixes at least 2 copies of the stream")
         at_least_one(o, 'mhc_sinkhorn_iters')
         if not math.isfinite(o.mhc_res_init):
-            raise ValueError(f"mhc_res_init={o.mhc_res_init} must be a finite number (8: near I; 1: logits I; 0: uniform)")
+            raise ValueError(f"mhc_res_init={o.mhc_res_init} must be a finite number (8: near I; 1: logits I; "
+                             f"0: uniform)")
         if o.mhc_res == 'permutation' and o.hc_rate > 6:
             raise ValueError(f"mhc_res='permutation' mixes all {math.factorial(o.hc_rate)} permutations of "
                              f"hc_rate={o.hc_rate} copies; use hc_rate <= 6, or mhc_res='sinkhorn'")
@@ -372,7 +382,8 @@ class ManifoldHyperConnection(HyperConnection):
         # H~_res: 0 for the identity (the diagonal, or the identity permutation), -res_init for the rest; the
         # Cayley map's W starts at 0, H_res = I, whose gradient never saturates
         initial = {'sinkhorn': (torch.eye(n) - 1) * res_init, 'cayley': torch.zeros(n, n), 'identity': None,
-                   'permutation': torch.full((math.factorial(n),), -float(res_init)).index_fill(0, torch.tensor(0), 0.0)}[res]
+                   'permutation': torch.full((math.factorial(n),), -float(res_init)).index_fill(0, torch.tensor(0), 0.)
+                   }[res]
         self.b_pre = nn.Parameter(torch.logit(torch.softmax(F.one_hot(torch.tensor(layer % n), n).double(), 0)).float())
         self.b_post = nn.Parameter(torch.zeros(n))
         self.b_res = None if initial is None else nn.Parameter(initial)
@@ -406,6 +417,124 @@ class ManifoldHyperConnection(HyperConnection):
                    cayley(res) if self.res == 'cayley' else
                    torch.einsum('...k,kij->...ij', torch.softmax(res, -1), self.perms.to(res.dtype)))
         return torch.sigmoid(pre), 2 * torch.sigmoid(post), res
+
+
+@register('ddl')
+class DeltaUpdate(ResidualUpdate):
+    """Deep Delta Learning ([DDL] Sec. 2.1 and 3.1, Eq. 2.2, d_v = 1): a rank-1 delta rule on the stream,
+
+        x_next = x + beta (v - <k, x>) k,   k = u / sqrt(||u||^2 + eps^2),   beta = 2 sigmoid(w_beta . c + b),
+        v = w_v . c,   c = RMSNorm(x)
+
+    (App. A.1): the branch output gives the direction k alone; beta in [0, 2] and v come from the context c (the
+    pre-norm's gain in w_beta and w_v). beta = 0 is the identity, 1 sets <k, x_next> = v, and 2 with v = 0 reflects x
+    (Householder, ||x|| kept). beta starts near ddl_beta_init (their code's default 1); w ~ N(0, 0.25 / d), their
+    code's. Float32. docs/rules.md: where their code's v differs."""
+    anchors = True
+
+    @dataclass
+    class Options:
+        ddl_beta_init: float = 1.0  # [DDL] App. A.1: beta at init, in (0, 2)
+        ddl_eps: float = 1e-5  # [DDL] Sec. 3.1: k = u / sqrt(||u||^2 + eps^2)
+
+    @classmethod
+    def check(cls, cfg):
+        o = cfg.options
+        if not 0 < o.ddl_beta_init < 2:
+            raise ValueError(f"ddl_beta_init={o.ddl_beta_init} must lie in (0, 2), which beta = 2 sigmoid(.) spans")
+        if not o.ddl_eps >= 0:
+            raise ValueError(f"ddl_eps={o.ddl_eps} must not be negative")
+
+    def __init__(self, d, beta_init=1.0, eps=1e-5):
+        super().__init__()
+        self.w_beta, self.w_v = (nn.Parameter(torch.randn(d) * 0.5 / math.sqrt(d)) for _ in range(2))
+        self.b_beta, self.eps = nn.Parameter(torch.logit(torch.tensor([beta_init / 2]))), eps
+
+    @classmethod
+    def from_config(cls, cfg, layer, causal):
+        return cls(cfg.n_embd, cfg.options.ddl_beta_init, cfg.options.ddl_eps)
+
+    def forward(self, x, u, cache=None):
+        xf, uf = wide(x), wide(u)
+        c = F.rms_norm(xf, xf.shape[-1:])
+        k = uf * torch.rsqrt(dot(uf, uf) + self.eps ** 2)
+        beta = 2 * torch.sigmoid(dot(c, self.w_beta) + self.b_beta)
+        return (xf + beta * (dot(c, self.w_v) - dot(k, xf)) * k).to(x.dtype)
+
+
+@register('attnres')
+class AttentionResidual(ResidualUpdate):
+    """Attention Residuals ([AttnRes] Sec. 3.1, Eq. 2-4): each sublayer reads a softmax mixture over depth of the
+    embeddings v_0 and every earlier sublayer's output v_i, in place of a residual stream,
+
+        h_l = sum_{i<l} a_{i,l} v_i,   a_{i,l} = softmax_i(w_l . RMSNorm(v_i)),
+
+    w_l a query per sublayer, 0 at init: the uniform mean, which the branches' pre-norm reads as the pre-norm
+    additive model (the sources sum to its stream). attnres_block = S > 1 is Block AttnRes (Sec. 3.2, Eq. 5-6): the
+    sources are the embeddings, each completed block of S sublayers' sum, and the current block's sum so far. The
+    output is read the same way by one more query. What forward passes on is the sources' sum, the additive stream."""
+    depth = True
+
+    @dataclass
+    class Options:
+        attnres_block: int = 1  # [AttnRes] Sec. 3.2: sublayers in a block (attention and MLP count one each); 1: full
+
+    @classmethod
+    def check(cls, cfg):
+        at_least_one(cfg.options, 'attnres_block')
+
+    def __init__(self, d, layer, block=1):
+        super().__init__()
+        self.query, self.norm, self.layer, self.block = nn.Parameter(torch.zeros(d)), nn.RMSNorm(d), layer, block
+
+    @classmethod
+    def from_config(cls, cfg, layer, causal):
+        return cls(cfg.n_embd, layer, cfg.options.attnres_block)
+
+    def prepare(self, x, cache=None, depth=None):
+        V = torch.stack(depth.outputs + ([] if depth.partial is None else [depth.partial]))  # (sources, ..., d)
+        a = torch.softmax((self.norm(V) * self.query).sum(-1, keepdim=True), 0)  # over the sources
+        return (a * V).sum(0).to(x.dtype), depth
+
+    def forward(self, x, u, depth):
+        u = wide(u)
+        depth.partial = u if depth.partial is None else depth.partial + u
+        if (self.layer + 1) % self.block == 0:  # the block is complete: its sum is a source of its own
+            depth.outputs.append(depth.partial)
+            depth.partial = None
+        return x + u
+
+
+@register('denseformer')
+class DenseFormerUpdate(ResidualUpdate):
+    """DenseFormer ([DenseFormer] Sec. 3): additive, and after each block the depth-weighted average (DWA) of the
+    embeddings X_0 and every block's output X_j so far, which the next block (or the head) reads,
+
+        Y_i = sum_{j<=i} alpha_{i,j} X_j,
+
+    free scalars, alpha_{i,i} = 1 and the rest 0 at init: the plain transformer exactly. Dilation and period 1, the
+    defaults of their package."""
+    depth = True
+
+    def __init__(self, layer):
+        super().__init__()
+        ends_block = layer % 2  # the MLP's sublayer; the attention's and the output's hold no weights
+        self.alpha = (nn.Parameter(F.one_hot(torch.tensor(layer // 2 + 1), layer // 2 + 2).float()) if ends_block else
+                      None)
+
+    @classmethod
+    def from_config(cls, cfg, layer, causal):
+        return cls(layer)
+
+    def prepare(self, x, cache=None, depth=None):
+        return x, depth
+
+    def forward(self, x, u, depth):
+        x = x + u
+        if self.alpha is None:
+            return x
+        depth.outputs.append(x)  # X_i, block i's output
+        return sum(a * X for a, X in zip(self.alpha.to(x.dtype), depth.outputs))
 
 
 # ----------------------------------------------------------------------------- 2. orthogonal Q/K/V
@@ -477,6 +606,7 @@ class BlockConfig:
     init: Literal['gpt2', 'sigma'] = 'gpt2'  # weight initialisation; 'sigma': [OT] "Experiments"
     sigma_w: float = 0.5  # 'sigma' init: std of V, out-proj and MLP weights is sigma_w/sqrt(d)
     sigma_qk: float = 1.0  # 'sigma' init: std of Q and K weights is sigma_qk/sqrt(d)
+    x0_mix: Literal['off', 'identity', 'nanochat'] = 'off'  # the speedruns' x <- a x + b x0 before each block
 
     def __post_init__(self):
         at_least_one(self, 'n_layer', 'n_head', 'n_embd')
@@ -501,6 +631,10 @@ class BlockConfig:
             self.options = rule.Options(**self.options)
         check_choices(self.options)
         rule.check(self)
+        if self.x0_mix != 'off' and not rule.anchors:
+            raise ValueError(f"x0_mix={self.x0_mix!r} mixes the embeddings into the stream, which residual="
+                             f"{self.residual!r} does not allow (a stream kept on a sphere, or not one vector); use "
+                             f"x0_mix='off', or residual {' or '.join(n for n, r in RESIDUALS.items() if r.anchors)}")
 
 
 @dataclass
@@ -605,12 +739,37 @@ class MLP(nn.Module):
         return self.dropout(self.c_proj(h)).view_as(x)
 
 
+class Depth:
+    """What one forward's sublayers wrote, for a rule that reads it (ResidualUpdate.depth) and for x0_mix: `start`,
+    the stream the first block reads, and what such a rule keeps as it goes: `outputs` (from [start]) and a running
+    sum `partial`. Everything is per position: decoding needs nothing more."""
+
+    def __init__(self, start):
+        self.start, self.outputs, self.partial = start, [start], None
+
+
+class StreamAnchor(nn.Module):
+    """x <- lambda_r x + lambda_0 x0 before a block, x0 = RMSNorm(the embeddings), two learnable scalars: the stream
+    anchors of the modded-nanogpt records ('identity': (1, 0), the plain model at init) and of nanochat ('nanochat':
+    lambda_r from 1.15 to 1.05 over the blocks, lambda_0 from 0.20 to 0.05). docs/rules.md."""
+
+    def __init__(self, kind, layer, n_layer):
+        super().__init__()
+        f = layer / max(n_layer - 1, 1)
+        r, z = (1.0, 0.0) if kind == 'identity' else (1.15 - 0.10 * f, 0.20 - 0.15 * f)
+        self.resid, self.x0 = nn.Parameter(torch.tensor([r])), nn.Parameter(torch.tensor([z]))
+
+    def forward(self, x, start):
+        return self.resid * x + self.x0 * F.rms_norm(start, start.shape[-1:])
+
+
 class Block(nn.Module):
     """x <- update(x, attn(norm(h))); x <- update(x, mlp(norm(h))), each h the branch input the rule prepares from x."""
 
     def __init__(self, cfg, layer, causal, normalized=False):  # normalized: nGPT's branches, as the rule says
         super().__init__()
         rule = RESIDUALS[cfg.residual]
+        self.anchor = StreamAnchor(cfg.x0_mix, layer, cfg.n_layer) if cfg.x0_mix != 'off' else None
         self.ln_1 = make_norm(cfg, rule.keeps_norm)
         self.attn = SelfAttention(cfg, causal, normalized)
         self.update_attn = rule.from_config(cfg, 2 * layer, causal)
@@ -618,10 +777,13 @@ class Block(nn.Module):
         self.mlp = MLP(cfg, normalized)
         self.update_mlp = rule.from_config(cfg, 2 * layer + 1, causal)
 
-    def forward(self, x, cache=None):  # (B, T, C), or the rule's wider stream
-        h, state = self.update_attn.prepare(x, cache)  # (B, T, C)
+    def forward(self, x, cache=None, depth=None):  # (B, T, C), or the rule's wider stream; depth: a Depth, or None
+        if self.anchor is not None:
+            x = self.anchor(x, depth.start)
+        reads = (depth,) if self.update_attn.depth else ()
+        h, state = self.update_attn.prepare(x, cache, *reads)  # (B, T, C)
         x = self.update_attn(x, self.attn(self.ln_1(h), cache), state)
-        h, state = self.update_mlp.prepare(x, cache)
+        h, state = self.update_mlp.prepare(x, cache, *reads)
         return self.update_mlp(x, self.mlp(self.ln_2(h)), state)
 
     @torch.no_grad()
@@ -668,6 +830,8 @@ class Trunk:
         self.ln_emb = (Sphere() if normalized else
                        nn.RMSNorm(config.n_embd, eps=1e-30, elementwise_affine=False) if keeps_norm else nn.Identity())
         self.blocks = nn.ModuleList([Block(config, i, causal, normalized) for i in range(config.n_layer)])
+        # a rule that reads depth reads the output too, as a sublayer after the last ([AttnRes] Sec. 3.2)
+        self.read_out = self.rule.from_config(config, 2 * config.n_layer, causal) if self.rule.depth else None
         self.ln_f = make_norm(config, keeps_norm)
         self.s_z = ScaleVector(n_out, 1.0, 1 / math.sqrt(config.n_embd)) if normalized else None
 
@@ -677,8 +841,11 @@ class Trunk:
     def trunk(self, x, cache=None):  # (B, T, C) embeddings -> (B, T, C) features for the head
         n = self.rule.copies(self.config)
         x = copied(self.ln_emb(x), n)  # (B, T, C), or n copies (B, T, n, C)
+        depth = Depth(x) if self.rule.depth or self.config.x0_mix != 'off' else None
         for block in self.blocks:
-            x = block(x, cache)
+            x = block(x, cache, depth)
+        if self.read_out is not None:
+            x = self.read_out.prepare(x, cache, depth)[0]
         return self.ln_f(x.mean(-2) if n else x)
 
     def stream_matrices(self):

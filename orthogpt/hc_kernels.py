@@ -410,7 +410,8 @@ def hc_read(H: torch.Tensor, pre: torch.Tensor, weight: torch.Tensor, colsum: to
     h, z, read, s1, s2 = read_outputs(H, m, norm)
     weight, colsum, shift, a, b = (given(t.contiguous()) for t in (weight, colsum, shift, a, b))
     _read_kernel[(triton.cdiv(N, READ_N[norm]),)](
-        H, h, given(z), given(s1), given(s2), pre if norm == NONE else read, weight, colsum, shift, a, b, N, d, m, eps, *(pre.stride() if norm == NONE else (n, 1)), n=n,
+        H, h, given(z), given(s1), given(s2), pre if norm == NONE else read, weight, colsum, shift, a, b, N, d, m, eps,
+        *(pre.stride() if norm == NONE else (n, 1)), n=n,
         NP=pow2(n), MP=pow2(m, 16), NORM=norm, PRECISION=precision(), BN=READ_N[norm], BK=BLOCK_K, BD=BLOCK_D)
     return h, z, read, s1, s2
 
@@ -423,8 +424,10 @@ def _(H, pre, weight, colsum, shift, a, b, norm, eps):
 @torch.library.custom_op('orthogpt::hc_read_backward', mutates_args=())
 def hc_read_backward(dh: torch.Tensor, dz: torch.Tensor, H: torch.Tensor, z: torch.Tensor, s1: torch.Tensor,
                      s2: torch.Tensor, read: torch.Tensor, weight: torch.Tensor, colsum: torch.Tensor,
-                     shift: torch.Tensor, a: torch.Tensor, norm: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dH, the read weights' gradient (N, n) per token, dz with the read weights' part added): _read_backward_kernel."""
+                     shift: torch.Tensor, a: torch.Tensor, norm: int
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dH, the read weights' gradient (N, n) per token, dz with the read weights' part added):
+    _read_backward_kernel."""
     N, n, d = H.shape
     m = weight.shape[-1] if norm != NONE else 0
     dH, dread, dz_all = torch.empty_like(H), f32(N, n, like=H), f32(*dz.shape, like=H).copy_(dz)
@@ -623,7 +626,7 @@ class Fused:
             else:
                 if isinstance(rule, model.ManifoldHyperConnection):  # RMSNorm(vec(H)) phi
                     h, z = hc_read(H, none, rule.phi, none, none, rule.a_pre, rule.b_pre, RMS, 1e-20)[:2]
-                else:  # LayerNorm(H_i) W per copy: rho (H_i W' - mean c) + e, W' = diag(w) W, c its column sums, e = b W
+                else:  # LayerNorm(H_i) W per copy: rho (H_i W' - mean c) + e; W' = diag(w) W, c its column sums, e = bW
                     W = torch.cat([rule.W_alpha, rule.W_beta], 1)
                     weight = rule.norm.weight[:, None] * W
                     h, z = hc_read(H, none, weight, weight.sum(0), rule.norm.bias @ W, rule.s_alpha,

@@ -67,7 +67,8 @@ def cases(N, n, d, dtype, device):
     from orthogpt import hc_kernels as K
     f32 = dict(dtype=torch.float32, device=device)
     g = torch.Generator(device=device).manual_seed(0)
-    H, u = torch.randn(N, n, d, generator=g, device=device).to(dtype), torch.randn(N, d, generator=g, device=device).to(dtype)
+    H = torch.randn(N, n, d, generator=g, device=device).to(dtype)
+    u = torch.randn(N, d, generator=g, device=device).to(dtype)
     m = 2 * n + n * n
     phi, W = torch.randn(n * d, m, generator=g, **f32) * 1e-2, torch.randn(d, n + 2, generator=g, **f32) * 1e-2
     a, b, none = torch.full((1,), 0.01, **f32), torch.zeros(n, **f32), torch.empty(0, **f32)
