@@ -491,7 +491,8 @@ class AttentionResidual(ResidualUpdate):
     def from_config(cls, cfg, layer, causal):
         return cls(cfg.n_embd, layer, cfg.options.attnres_block)
 
-    def prepare(self, x, cache=None, depth=None):
+    def prepare(self, x, cache=None, depth=None):  # alone, outside a trunk: x is the only source
+        depth = Depth(x) if depth is None else depth
         V = torch.stack(depth.outputs + ([] if depth.partial is None else [depth.partial]))  # (sources, ..., d)
         a = torch.softmax((self.norm(V) * self.query).sum(-1, keepdim=True), 0)  # over the sources
         return (a * V).sum(0).to(x.dtype), depth
@@ -502,7 +503,7 @@ class AttentionResidual(ResidualUpdate):
         if (self.layer + 1) % self.block == 0:  # the block is complete: its sum is a source of its own
             depth.outputs.append(depth.partial)
             depth.partial = None
-        return x + u
+        return (x + u).to(x.dtype)
 
 
 @register('denseformer')
@@ -526,8 +527,8 @@ class DenseFormerUpdate(ResidualUpdate):
     def from_config(cls, cfg, layer, causal):
         return cls(layer)
 
-    def prepare(self, x, cache=None, depth=None):
-        return x, depth
+    def prepare(self, x, cache=None, depth=None):  # alone, outside a trunk: x is the only output so far
+        return x, Depth(x) if depth is None else depth
 
     def forward(self, x, u, depth):
         x = x + u
