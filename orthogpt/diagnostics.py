@@ -12,14 +12,14 @@ from contextlib import contextmanager
 
 import torch
 
-from model import ResidualUpdate, wide
+from model import wide
 
 
 def updates(model):
     """(block, sublayer, module) for every update rule, in forward order: each block updates the
-    stream twice, after its attention and after its MLP."""
-    rules = [m for m in model.modules() if isinstance(m, ResidualUpdate)]
-    return [(l // 2, ('attn', 'mlp')[l % 2], m) for l, m in enumerate(rules)]
+    stream twice, after its attention and after its MLP (a depth rule's read of the output is no update)."""
+    return [(i, sub, m) for i, b in enumerate(model.blocks) for sub, m in (('attn', b.update_attn), ('mlp', b.update_mlp))]
+
 
 
 @contextmanager
@@ -78,16 +78,22 @@ def mixing_stats(module, x):
 
 @torch.no_grad()
 def update_stats(model, idx):
-    """Per update, means over tokens of ||x||^2, ||f_par||^2, ||f_perp||^2 and cos(x, f), f the
-    branch output and x the stream (of a wider stream, what the branch read from it) (Oh et al. Sec. 3.5, App. D), and theta = ||f_perp|| / ||x||: on the sphere
-    ||x|| = sqrt(d) the angle the Orthogonal Transformer's rotation turns x by, for any rule the
-    size of the tangential update relative to the stream. One forward pass on idx (B, T), in the
-    model's current mode; returns a (2L, 5) float32 device tensor, rows in layer order."""
-    rows = [None] * (2 * len(model.blocks))
+    """Per update, means over tokens of ||x||^2, ||f_par||^2, ||f_perp||^2 and cos(x, f), f the branch output and x
+    what the branch read (the input of its norm: the stream of a one-stream rule, the read of a wider one, the mixture
+    over depth of Attention Residuals) (Oh et al. Sec. 3.5, App. D), and theta = ||f_perp|| / ||x||: on the sphere
+    ||x|| = sqrt(d) the angle the Orthogonal Transformer's rotation turns x by, for any rule the size of the
+    tangential update relative to what it read. One forward pass on idx (B, T), in the model's current mode; returns
+    a (2L, 8) float32 device tensor, rows in layer order."""
+    rows, reads = [None] * (2 * len(model.blocks)), [None] * (2 * len(model.blocks))
+
+    def read_hook(l):
+        def pre_hook(module, args):
+            reads[l] = args[0]
+        return pre_hook
 
     def hook(l):
-        def pre_hook(module, args):  # of a wider stream, what the branch read from it
-            x, u = module.prepare(args[0])[0].float(), args[1].float()
+        def pre_hook(module, args):
+            x, u = reads[l].float(), args[1].float()
             xx, uu, xu = (x * x).sum(-1), (u * u).sum(-1), (x * u).sum(-1)  # (B, T)
             par = xu * xu / xx
             perp = (uu - par).clamp_min(0)
@@ -95,7 +101,9 @@ def update_stats(model, idx):
             stream = torch.stack([xx.mean(), par.mean(), perp.mean(), (xu / (xx * uu).sqrt()).mean(), theta.mean()])
             rows[l] = torch.cat([stream, mixing_stats(module, args[0])])
         return pre_hook
-    handles = [m.register_forward_pre_hook(hook(l)) for l, (_, _, m) in enumerate(updates(model))]
+    norms = [n for b in model.blocks for n in (b.ln_1, b.ln_2)]
+    handles = [n.register_forward_pre_hook(read_hook(l)) for l, n in enumerate(norms)]
+    handles += [m.register_forward_pre_hook(hook(l)) for l, (_, _, m) in enumerate(updates(model))]
     try:
         model(idx)
     finally:

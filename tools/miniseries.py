@@ -1,13 +1,14 @@
 """A scaling miniseries: each residual rule (a config file) at several sizes (--depths) x seeds,
 its final loss fitted against training compute, and each rule's compute multiplier over a baseline.
 
-    # a CPU, Tiny Shakespeare (characters): 6 rules x 4 sizes x 2 seeds, the CPU recipe's tuned rates
-    python tools/miniseries.py config/shakespeare_{add,ortho,rot,ngpt,hc,mhc}.py --stack=config/cpu.py \\
+    # a CPU, Tiny Shakespeare (characters): 9 rules x 4 sizes x 2 seeds, the CPU recipe's rates (tuned for
+    # all but ddl, attnres and denseformer: docs/results.md)
+    python tools/miniseries.py config/shakespeare_{add,ortho,rot,ngpt,hc,mhc,ddl,attnres,denseformer}.py --stack=config/cpu.py \\
         --depths=2,3,4,5 --seeds=2 --out=out-miniseries
     # a GPU, GPT-2 BPE: FineWeb-edu's shards (python data/prepare_text.py --dataset fineweb-edu, into
     # data/fineweb-edu/; or openwebtext), the same rules with 1024-token windows; tools/suite.py's miniseries
     # stage runs it with one seed
-    python tools/miniseries.py config/shakespeare_{add,ortho,rot,ngpt,hc,mhc}.py --dataset=fineweb-edu \\
+    python tools/miniseries.py config/shakespeare_{add,ortho,rot,ngpt,hc,mhc,ddl,attnres,denseformer}.py --dataset=fineweb-edu \\
         --depths=2,3,4,5 --seeds=2 --block_size=1024 --batch_size=16 --eval_interval=500 --eval_iters=20 \\
         --nproc=4 --out=out-miniseries-fineweb
 

@@ -14,7 +14,11 @@ VARIANTS = [dict(residual='additive'), dict(residual='rotation'), dict(residual=
             dict(residual='orthogonal', ortho_mode='global', ortho_prob=0.5),
             dict(residual='hc'), dict(residual='hc', hc_recompute=True), dict(residual='mhc'),
             dict(residual='mhc', hc_dynamic=False), dict(residual='mhc', mhc_res='identity', hc_recompute=True),
-            dict(residual='mhc', mhc_res='permutation'), dict(residual='mhc', mhc_res='cayley', hc_recompute=True)]
+            dict(residual='mhc', mhc_res='permutation'), dict(residual='mhc', mhc_res='cayley', hc_recompute=True),
+            dict(residual='hc', hc_kernels='triton'), dict(residual='mhc', hc_kernels='triton'),  # interpreted on a CPU
+            dict(residual='mhc', mhc_res='cayley', hc_kernels='triton'),
+            dict(residual='ddl', x0_mix='nanochat'), dict(residual='attnres'), dict(residual='attnres', attnres_block=2),
+            dict(residual='denseformer'), dict(residual='additive', x0_mix='identity')]
 
 
 @pytest.mark.parametrize('variant,qkv', [(v, 'dense') for v in VARIANTS] + [
@@ -44,7 +48,8 @@ def test_compiles_in_one_graph(variant, qkv, gpt_config):
 DECODERS = [dict(residual='additive', qkv='cayley'), dict(residual='rotation'), dict(residual='ngpt', qkv='exp'),
             dict(residual='orthogonal', ortho_mode='feature'), dict(residual='orthogonal', ortho_mode='global'),
             dict(residual='hc'), dict(residual='mhc'), dict(residual='mhc', mhc_res='identity'),
-            dict(residual='mhc', mhc_res='permutation'), dict(residual='mhc', mhc_res='cayley')]
+            dict(residual='mhc', mhc_res='permutation'), dict(residual='mhc', mhc_res='cayley'),
+            dict(residual='ddl', x0_mix='nanochat'), dict(residual='attnres', attnres_block=2), dict(residual='denseformer')]
 
 
 @pytest.fixture

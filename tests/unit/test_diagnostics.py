@@ -56,6 +56,20 @@ def test_update_stats():
             assert not torch.allclose(stats[:, 4], angle, rtol=1e-2, atol=0)
 
 
+def test_update_stats_measure_what_the_branch_reads():
+    """Attention Residuals at init read the mean of their sources, not the stream they pass on (the sources' sum): at
+    the first sublayer the embeddings x, at the second (x + the first output) / 2, half the stream."""
+    model = GPT(GPTConfig(residual='attnres', n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=11))
+    streams = []
+    hooks = [m.register_forward_pre_hook(lambda m, args: streams.append(args[0].double()))
+             for _, _, m in diagnostics.updates(model)]
+    stats = diagnostics.update_stats(model, torch.randint(11, (3, 8))).double()
+    for h in hooks:
+        h.remove()
+    square = [(x * x).sum(-1).mean() for x in streams]
+    torch.testing.assert_close(stats[:2, 0], torch.stack([square[0], square[1] / 4]), rtol=1e-5, atol=0)
+
+
 def mixings(model, idx):
     """The H_res (tokens, n, n) of each sublayer of an mHC model on idx, in float64, in layer order."""
     streams = []
