@@ -20,7 +20,7 @@ The papers, cited in docstrings by their short names (docs/rules.md: where each 
 
 import itertools
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Literal, get_args, get_origin
 
 import torch
@@ -93,6 +93,10 @@ class ResidualUpdate(nn.Module):
     @classmethod
     def copies(cls, cfg):  # n for a stream of n copies (..., n, d) ([HC]), 0 for one stream
         return 0
+
+    @classmethod
+    def exported(cls, options):  # its options in a folder that carries model.py alone (orthogpt/hf.py)
+        return options
 
     def prepare(self, x, cache=None):
         return x, cache
@@ -286,6 +290,10 @@ class HyperConnection(ResidualUpdate):
     @classmethod
     def copies(cls, cfg):
         return cfg.options.hc_rate
+
+    @classmethod
+    def exported(cls, options):  # the kernels come with orthogpt, not model.py: 'auto' runs them where it is imported
+        return replace(options, hc_kernels='auto' if options.hc_kernels == 'triton' else options.hc_kernels)
 
     def project(self, H):
         """z = LayerNorm(H) [W_alpha | W_beta], (..., n, n + 2): the products of Eq. 10-13, one row per copy."""

@@ -267,7 +267,8 @@ def export(model, folder, tokens=None, run=None):
         code = {}
     else:
         hf_cfg = dict(model_type='orthogpt', architectures=['OrthoGPTForCausalLM'], auto_map=AUTO_MAP,
-                      config=asdict(cfg), bos_token_id=eot, eos_token_id=eot)
+                      config=asdict(replace(cfg, options=RESIDUALS[cfg.residual].exported(cfg.options))),
+                      bos_token_id=eot, eos_token_id=eot)
         code = {'model.py': read_bytes(inspect.getsourcefile(GPT)),
                 **{name: read_bytes(os.path.join(REMOTE_CODE, name)) for name in REMOTE_FILES}}
     tokenizer = tokenizer_files(tokens, cfg)

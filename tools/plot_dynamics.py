@@ -9,7 +9,9 @@ Reads OUT_DIR/dynamics.jsonl and OUT_DIR/log.jsonl of each run and writes, per s
 rotation angle on the sphere; for mHC, H_res's off-diagonal mass, its Frobenius distance from I
 and, where it is orthogonal, its rotation angle: orthogpt/diagnostics.py's mixing_stats),
 OUT_<stat>.png: attention and MLP rows, one column per block, one colour per run, H_res's on a
-symmetric log scale (linear below 1e-3, so that 0 shows); and OUT_effective_rank.png, the
+symmetric log scale (linear below 1e-3, so that 0 shows); OUT_stream_by_depth.png, ||x||² of what each
+sublayer's branch read at the last measurement against depth, a line per run (whether the stream grows with depth,
+as Attention Residuals, Kimi Team, arXiv:2603.15031, Sec. 5.2, report of PreNorm); and OUT_effective_rank.png, the
 effective rank of the final representation at each evaluation. Prints each run's last
 measurement of every statistic, the mean over its sublayers.
 """
@@ -90,6 +92,20 @@ def main(argv=None):
         written.append(f"{args.out}_{stat}.png")
         fig.savefig(written[-1], dpi=110)
         plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))  # the stream by depth: does it grow with the layers (PreNorm's dilution)?
+    for color, (name, records, _) in enumerate(runs):
+        last = records[-1]
+        depth = [v for pair in zip(measured(last, 'attn', 'stream_sq'), measured(last, 'mlp', 'stream_sq')) for v in pair]
+        ax.plot(range(1, len(depth) + 1), depth, color=f'C{color}', marker='.', label=f"{name}, iter {last['iter']}")
+    ax.set_yscale('log')
+    ax.set_xlabel('sublayer (attention, MLP, attention, ...)')
+    ax.set_ylabel('||x||² of what the branch read')
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    written.append(f"{args.out}_stream_by_depth.png")
+    fig.savefig(written[-1], dpi=110)
+    plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for color, (name, _, log) in enumerate(runs):

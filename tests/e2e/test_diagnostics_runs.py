@@ -67,8 +67,8 @@ def test_dynamics_log_and_plots(run, logs, tmp_path):
     assert strip(out) == strip(plain)
     plot_dynamics.main([str(out), '--out', str(tmp_path / 'dyn')])
     assert sorted(p.name for p in tmp_path.glob('dyn_*.png')) == [
-        'dyn_cos.png', 'dyn_effective_rank.png', 'dyn_par_sq.png', 'dyn_perp_sq.png', 'dyn_stream_sq.png',
-        'dyn_theta.png']
+        'dyn_cos.png', 'dyn_effective_rank.png', 'dyn_par_sq.png', 'dyn_perp_sq.png', 'dyn_stream_by_depth.png',
+        'dyn_stream_sq.png', 'dyn_theta.png']
 
 
 def test_dynamics_log_h_res_and_its_plot(run, tmp_path, capsys):

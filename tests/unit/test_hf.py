@@ -5,6 +5,8 @@ hub is monkeypatched)."""
 import inspect
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -102,12 +104,26 @@ def test_export_then_import_is_exact_for_every_variant(variant, tmp_path):
         assert torch.equal(logits_of(hf.from_pretrained(str(tmp_path / 'hf')).eval(), idx), logits_of(model, idx))
 
 
+def test_a_run_on_the_kernels_exports_a_folder_that_model_py_alone_builds(tmp_path):
+    """hc_kernels='triton' needs orthogpt, which an exported folder does not carry: it is written as 'auto' (the
+    kernels where orthogpt is imported), and the folder's model.py alone builds the config."""
+    pytest.importorskip('triton')
+    model = tiny_gpt(residual='mhc', options=dict(hc_kernels='triton'))
+    hf.export(model, tmp_path / 'hf')
+    assert json.loads((tmp_path / 'hf' / 'config.json').read_text())['config']['options']['hc_kernels'] == 'auto'
+    build = "import json, model; model.GPTConfig(**json.load(open('config.json'))['config'])"
+    done = subprocess.run([sys.executable, '-c', build], cwd=tmp_path / 'hf', capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert hf.from_pretrained(str(tmp_path / 'hf')).config.options.hc_kernels == 'auto'
+
+
 # every registered rule with its defaults; then the orthogonal Q/K/V maps and RMSNorm, the global orthogonal mode
 # (whose decoding cache holds the rule's running sums) and mHC's permutations (buffers that are not saved)
 RULES = [dict(residual=name) for name in RESIDUALS] + [
     dict(qkv='cayley', norm='rmsnorm'), dict(qkv='exp', activation='relu'),
     dict(residual='orthogonal', options=dict(ortho_mode='global')),
-    dict(residual='mhc', options=dict(mhc_res='permutation', hc_rate=3))]
+    dict(residual='mhc', options=dict(mhc_res='permutation', hc_rate=3)),
+    dict(residual='attnres', options=dict(attnres_block=2)), dict(residual='ddl', x0_mix='nanochat')]
 
 
 @pytest.mark.parametrize('variant', RULES, ids=variant_id)

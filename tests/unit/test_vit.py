@@ -1,7 +1,6 @@
 """The ViT: the same Blocks on images, image data and augmentation, training through train.py."""
 
 import gzip
-import itertools
 import math
 import os
 
@@ -38,9 +37,11 @@ VARIANTS = [dict(residual='additive'), dict(residual='orthogonal'),
             dict(residual='rotation')]
 
 
-@pytest.mark.parametrize('variant,qkv', list(itertools.product(VARIANTS, ['dense', 'cayley', 'exp'])),
+@pytest.mark.parametrize('variant,qkv', [(v, 'dense') for v in VARIANTS] + [(VARIANTS[0], 'cayley'), (VARIANTS[3], 'exp')],
                          ids=lambda v: '-'.join(map(str, v.values())) if isinstance(v, dict) else v)
 def test_every_variant_learns_a_tiny_image_set(variant, qkv, images_kit):
+    """Every rule, and each orthogonal Q/K/V map under one rule (the maps' every pairing with a rule is
+    test_model.py's causality grid)."""
     torch.manual_seed(0)
     x, y = images_kit.synthetic(256)
     x = torch.from_numpy(x).float().div(255).sub(0.3).div(0.3)[:, None]
