@@ -501,9 +501,11 @@ class AttentionResidual(ResidualUpdate):
 
     def prepare(self, x, cache=None, depth=None):  # alone, outside a trunk: x is the only source
         depth = Depth(x) if depth is None else depth
-        V = torch.stack(depth.outputs + ([] if depth.partial is None else [depth.partial]))  # (sources, ..., d)
-        a = torch.softmax((self.norm(V) * self.query).sum(-1, keepdim=True), 0)  # over the sources
-        return (a * V).sum(0).to(x.dtype), depth
+        sources = depth.outputs + ([] if depth.partial is None else [depth.partial])  # each (..., d)
+        # w . RMSNorm(v) = <v, g w> / rms(v), the sources never stacked: backward keeps each once, not once a sublayer
+        key, eps = self.norm.weight * self.query, self.norm.eps or torch.finfo(sources[0].dtype).eps
+        a = torch.softmax(torch.stack([dot(v, key) * torch.rsqrt(dot(v, v) / v.shape[-1] + eps) for v in sources]), 0)
+        return sum(w * v for w, v in zip(a, sources)).to(x.dtype), depth
 
     def forward(self, x, u, depth):
         u = wide(u)

@@ -59,7 +59,8 @@ def mixing_stats(module, x):
                      max_k theta_k in [0, pi], theta_k = |arg lambda_k| over H_res's eigenvalues lambda_k =
                      e^(+-i theta_k); NaN where H_res is not orthogonal.
 
-    NaN for all three where the rule has no H_res (one stream; HC's A_r is not constrained)."""
+    HC's A_r likewise (not constrained, so 1 - A_r[i, i] is no share: a measure of how far A_r left I); NaN for all
+    three where the rule keeps one stream."""
     coefficients = getattr(module, 'coefficients', None)
     if coefficients is None:
         return torch.full((3,), math.nan, device=x.device)

@@ -619,20 +619,22 @@ class Fused:
         H = x.reshape(-1, *x.shape[-2:]).contiguous()  # (N, n, d)
         N, n, d = H.shape
         none = H.new_empty(0, dtype=torch.float32)
+        f32 = lambda t: t.float()  # noqa: E731  (weights stored in bfloat16, as FSDP's param_dtype does, read in float32)
         with torch.autocast(x.device.type, enabled=False):
             if not rule.dynamic:
                 read, write, mixing = rule.maps(None, sinkhorn)
-                h = hc_read(H, read.expand(N, n), none, none, none, none, none, NONE, 0.0)[0]
+                h = hc_read(H, f32(read).expand(N, n), none, none, none, none, none, NONE, 0.0)[0]
             else:
                 if isinstance(rule, model.ManifoldHyperConnection):  # RMSNorm(vec(H)) phi
-                    h, z = hc_read(H, none, rule.phi, none, none, rule.a_pre, rule.b_pre, RMS, 1e-20)[:2]
+                    h, z = hc_read(H, none, f32(rule.phi), none, none, f32(rule.a_pre), f32(rule.b_pre),
+                                   RMS, 1e-20)[:2]
                 else:  # LayerNorm(H_i) W per copy: rho (H_i W' - mean c) + e; W' = diag(w) W, c its column sums, e = bW
-                    W = torch.cat([rule.W_alpha, rule.W_beta], 1)
-                    weight = rule.norm.weight[:, None] * W
-                    h, z = hc_read(H, none, weight, weight.sum(0), rule.norm.bias @ W, rule.s_alpha,
-                                   rule.static_alpha[:, 0], LAYERNORM, rule.norm.eps)[:2]
+                    W = f32(torch.cat([rule.W_alpha, rule.W_beta], 1))
+                    weight = f32(rule.norm.weight)[:, None] * W
+                    h, z = hc_read(H, none, weight, weight.sum(0), f32(rule.norm.bias) @ W, f32(rule.s_alpha),
+                                   f32(rule.static_alpha[:, 0]), LAYERNORM, rule.norm.eps)[:2]
                 _, write, mixing = rule.maps(z.view(*x.shape[:-2], *z.shape[1:]), sinkhorn)
-        return h.view(*x.shape[:-2], d), (write, mixing)
+        return h.view(*x.shape[:-2], d), (f32(write), None if mixing is None else f32(mixing))
 
     def forward(self, rule, x, u, state):
         write, mixing = state

@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 from torch.nn.utils import parametrize
 
-from model import ResidualUpdate, ScaleVector, raw
+from model import ResidualUpdate, ScaleVector, StreamAnchor, raw
 from orthogpt.errors import UserError
 from orthogpt.parallel import local_norms, maps_of, synchronising, unwrapped
 
@@ -152,7 +152,7 @@ def decayed(module, name, p):
         return p.dim() >= 2 and name not in module.no_decay
     if isinstance(module, (nn.Linear, nn.Embedding, nn.Conv2d)):
         return name == 'weight'
-    if isinstance(module, (nn.LayerNorm, nn.RMSNorm, ScaleVector, parametrize.ParametrizationList)):
+    if isinstance(module, (nn.LayerNorm, nn.RMSNorm, ScaleVector, StreamAnchor, parametrize.ParametrizationList)):
         return False
     return None
 

@@ -82,7 +82,8 @@ def measure(model, task, batches, tick=lambda: None):
         finally:
             for h in keep:
                 h.remove()
-        cols.append(torch.stack(grads).tolist())
+        # nan where x^(l) does not reach the loss (Attention Residuals: the head reads its own mixture of the outputs)
+        cols.append([float('nan') if g is None else g.item() for g in grads])
         tick()
     return [list(row) for row in zip(*cols)]
 

@@ -18,7 +18,9 @@ gathers them, each with its command and wall time, in the form the docs' GPU sec
                        activations each saves for backward
   kernel_bw            tools/bench_kernels.py: each fused kernel's time at that shape, and the bandwidth of the bytes
                        it must move beside a device-to-device copy's
-  generate             tools/bench.py --sample: tokens/s with and without the KV cache, 16 x 256
+  generate             tools/bench.py --sample: tokens/s with and without the KV cache, 16 x 256, every variant, eager
+  decode, decode_gpt2  the same, 500 tokens, with the compiled decoding step beside them (CUDA graphs): additive and
+                       mHC at 16 x 256, additive at the GPT-2 124M shape (the generation targets, docs/performance.md)
   shakespeare          tools/compare.py: the 16 x 256 Tiny Shakespeare runs of every residual rule and mHC
                        constraint (config/shakespeare_{add,ortho,rot,ngpt,hc,mhc,mhc_identity,mhc_lite,jpmhc}.py)
                        x {standard, gated MLP (the same parameters)} x {AdamW, Muon}, the CPU recipe's grid at the paper's
@@ -37,7 +39,7 @@ gathers them, each with its command and wall time, in the form the docs' GPU sec
                        kept) until its table appears. With no shards at --bpe_data it is skipped, saying so.
 The stage limits add up to more than one command may run on a lent machine (10 minutes): run the stages in
 calls of their own, each within it: --stages=kernels,kernel_bw (8 minutes), --stages=step_ddp,profile,
---stages=step_fsdp, --stages=generate, --stages=shakespeare, --stages=miniseries. Beside each OUT/<stage>.md
+--stages=step_fsdp, --stages=generate,decode,decode_gpt2, --stages=shakespeare, --stages=miniseries. Beside each OUT/<stage>.md
 lies OUT/<stage>.log, everything the stage printed.
 At its limit a stage gets SIGTERM (training runs save a checkpoint and stop), and SIGKILL 45 s later (GRACE).
 """
@@ -67,7 +69,7 @@ TINY = ['config/owt_smoke.py', '--n_layer=1', '--n_head=2', '--n_embd=16', '--bl
         '--gradient_accumulation_steps=1', '--device=cpu']
 # seconds: step_ddp's, profile's and generate's from their times on an H100 (docs/performance.md), the rest estimates
 LIMITS = {'kernels': 420, 'kernel_bw': 60, 'step_ddp': 420, 'step_fsdp': 420, 'profile': 120, 'generate': 360,
-          'shakespeare': 590, 'miniseries': 540}  # kernels and kernel_bw: estimates (8 variants at step_ddp's pace)
+          'decode': 100, 'decode_gpt2': 80, 'shakespeare': 590, 'miniseries': 540}  # kernels to decode_gpt2: estimates
 GRACE = 45  # seconds from a stage's SIGTERM at its limit to SIGKILL
 
 
@@ -108,6 +110,8 @@ def stages(out, smoke, shakespeare_data, bpe_data='data/fineweb-edu'):
     timing = ['--steps=1', '--repeats=2', '--warmup=1'] if smoke else ['--steps=2', '--repeats=5', '--warmup=2']
     small = ['--device=cpu', '--n_layer=1', '--n_head=2', '--n_embd=16', '--block_size=16'] if smoke else []
     sh_data = [f'--data_dir={shakespeare_data}'] if shakespeare_data else []
+    # compiled on a GPU; the smoke run decodes eagerly, as compiling on a CPU takes minutes (tests/e2e/test_compile.py)
+    decode = ['--sample', '--repeats=3', *(['--sample_tokens=8'] if smoke else ['--sample_tokens=500', '--compile'])]
     runs = ['--max_iters=4', '--eval_interval=2', '--eval_iters=2', '--batch_size=2', '--compile=False'] if smoke else \
         ['--max_iters=1000', '--lr_decay_iters=5000', '--eval_interval=250']
     return {
@@ -120,6 +124,9 @@ def stages(out, smoke, shakespeare_data, bpe_data='data/fineweb-edu'):
         'kernel_bw': [*py, 'tools/bench_kernels.py', *(['--smoke'] if smoke else [])],
         'generate': [*py, 'tools/bench.py', 'config/shakespeare_add.py', *small, *sh_data, '--sample', '--repeats=1',
                      f"--sample_tokens={8 if smoke else 500}"],
+        'decode': [*py, 'tools/bench.py', 'config/shakespeare_add.py', *small, *sh_data, *decode, '--variants=additive,mhc'],
+        'decode_gpt2': [*py, 'tools/bench.py', *(TINY if smoke else ['config/gpt2_124m_add.py']), *data, *decode,
+                        '--variants=additive'],
         'shakespeare': [*py, 'tools/compare.py', *(f'config/shakespeare_{v}.py' for v in RULES),
                         '--set', 'mlp=standard,gated', '--set', 'optimizer=adamw,muon', '--mlp_ratio=None',
                         '--seeds=1', f"--nproc={2 if smoke else 6}", f'--out={os.path.join(out, "shakespeare")}',

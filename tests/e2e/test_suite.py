@@ -29,6 +29,8 @@ def test_the_smoke_suite_writes_every_table(tmp_path, char_data, capsys, tables)
     assert len(operators) == 15 and 0 < sum(tables.number(share) for _, _, share in operators.values()) <= 100.5
     speeds = tables.cells((out / 'generate.md').read_text())
     assert list(speeds) == variants and all(tables.number(cached) > 0 for cached, _, _ in speeds.values())
+    assert list(tables.cells((out / 'decode.md').read_text())) == ['additive', 'mhc']
+    assert list(tables.cells((out / 'decode_gpt2.md').read_text())) == ['additive']
     runs = tables.cells((out / 'shakespeare.md').read_text())
     assert list(runs) == [f'`shakespeare_{v} mlp={m} optimizer={o}`' for v in suite.RULES
                           for m in ('standard', 'gated') for o in ('adamw', 'muon')]

@@ -103,6 +103,25 @@ def test_under_bfloat16_autocast_the_kernels_store_the_copies_as_the_rule_does(v
         assert ((fused.float() - plain.float()).abs() <= plain.float().abs() * 2 ** -7).all()
 
 
+@pytest.mark.parametrize('variant', ['hc', 'hc-static', 'mhc-sinkhorn'])
+def test_weights_stored_in_bfloat16_as_fsdp_stores_them_are_read_in_float32(variant):
+    """FSDP's param_dtype=bfloat16 hands the rule bfloat16 weights: the kernels read them in float32 and agree with the
+    rule on the same weights to within its bfloat16 rounding; each weight gets a gradient of its own dtype."""
+    torch.manual_seed(0)
+    rule = make(variant, 4).bfloat16()
+    H, u = torch.randn(3, 7, 4, D).bfloat16(), torch.randn(3, 7, D).bfloat16()
+    outs = []
+    for implementation in ('triton', 'torch'):
+        rule.kernels = implementation
+        h, state = rule.prepare(H)
+        out = rule(H, u, state)
+        grads = torch.autograd.grad(out.float().sum() + h.float().sum(), list(rule.parameters()))
+        assert all(g.dtype == torch.bfloat16 and g.isfinite().all() for g in grads)
+        outs.append((h, out))
+    for fused, plain in zip(*outs):
+        assert error(fused, plain.double()) < 2 ** -6
+
+
 def test_where_the_kernels_do_not_run_they_say_why(monkeypatch, gpt_config):
     rule = make('mhc-sinkhorn', 4)
     rule.kernels = 'triton'

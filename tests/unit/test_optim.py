@@ -119,7 +119,9 @@ def test_muon_takes_its_own_weight_decay_and_none_on_the_raw_weights_of_maps():
 
 
 @pytest.mark.parametrize('argv', [['--residual=hc'], ['--residual=mhc', '--qkv=cayley', '--mlp=gated'], ['--residual=ngpt'],
-                                  ['--dataset=fashion_mnist', '--optimizer=muon']], ids=lambda a: ' '.join(a))
+                                  ['--dataset=fashion_mnist', '--optimizer=muon'], ['--residual=ddl', '--x0_mix=nanochat'],
+                                  ['--residual=attnres', '--attnres_block=2'], ['--residual=denseformer']],
+                         ids=lambda a: ' '.join(a))
 def test_every_trainable_parameter_is_in_exactly_one_group(argv):
     """Decayed: matrices and embeddings; not: gains, biases, scaling vectors, the raw W behind a Q/K/V map and
     what a rule names in no_decay (its static weights), as the groups were drawn before they were built by name."""
