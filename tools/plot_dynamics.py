@@ -93,31 +93,29 @@ def main(argv=None):
         fig.savefig(written[-1], dpi=110)
         plt.close(fig)
 
+    def finish(fig, ax, xlabel, ylabel, name, fontsize):  # a one-panel figure: labels, legend, file
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=fontsize)
+        fig.tight_layout()
+        written.append(f"{args.out}_{name}.png")
+        fig.savefig(written[-1], dpi=110)
+        plt.close(fig)
+
     fig, ax = plt.subplots(figsize=(6, 3.5))  # the stream by depth: does it grow with the layers (PreNorm's dilution)?
     for color, (name, records, _) in enumerate(runs):
         last = records[-1]
         depth = [v for pair in zip(measured(last, 'attn', 'stream_sq'), measured(last, 'mlp', 'stream_sq')) for v in pair]
         ax.plot(range(1, len(depth) + 1), depth, color=f'C{color}', marker='.', label=f"{name}, iter {last['iter']}")
     ax.set_yscale('log')
-    ax.set_xlabel('sublayer (attention, MLP, attention, ...)')
-    ax.set_ylabel('||x||² of what the branch read')
-    ax.legend(fontsize=6)
-    fig.tight_layout()
-    written.append(f"{args.out}_stream_by_depth.png")
-    fig.savefig(written[-1], dpi=110)
-    plt.close(fig)
+    finish(fig, ax, 'sublayer (attention, MLP, attention, ...)', '||x||² of what the branch read', 'stream_by_depth', 6)
 
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for color, (name, _, log) in enumerate(runs):
         points = [(r['iter'], r['effective_rank']) for r in log if 'effective_rank' in r]
         if points:
             ax.plot(*zip(*points), color=f'C{color}', marker='.', label=name)
-    ax.set_xlabel('iteration')
-    ax.set_ylabel('effective rank of the final representation')
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    written.append(f"{args.out}_effective_rank.png")
-    fig.savefig(written[-1], dpi=110)
+    finish(fig, ax, 'iteration', 'effective rank of the final representation', 'effective_rank', 7)
     print('wrote ' + ', '.join(written))
     print(final_table(runs))
 
