@@ -9,7 +9,7 @@ import torch
 
 import train
 from model import GPT
-from orthogpt import checkpoint, hf
+from orthogpt import checkpoint, decoding, hf
 from tools import eval_hellaswag, export
 
 transformers = pytest.importorskip('transformers')
@@ -44,7 +44,7 @@ def test_a_gpt2_shaped_run_exports_to_transformers_and_other_variants_to_orthogp
     idx = torch.tensor([tokenizer.encode('ROMEO:\nTo be or not the king.')])
     assert idx[0].tolist() == [ckpt['meta']['stoi'][c] for c in 'ROMEO:\nTo be or not the king.']
     torch.testing.assert_close(logits_of(theirs, idx), logits_of(model, idx), rtol=0, atol=1e-5)
-    greedy = model.generate(idx[:, :8], 8, top_k=1)
+    greedy = decoding.generate(model, idx[:, :8], 8, top_k=1)
     assert torch.equal(theirs.generate(idx[:, :8], max_new_tokens=8, do_sample=False), greedy)
     with pytest.raises(SystemExit, match=f"{tmp_path / 'rot-hf'} already holds config.json, model.safetensors"):
         export.main([f'--out_dir={out}', f'--to={tmp_path / "rot-hf"}'])
