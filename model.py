@@ -383,15 +383,14 @@ class ManifoldHyperConnection(HyperConnection):
 
     def __init__(self, d, n, layer, dynamic, iters, res='sinkhorn', recompute=False, res_init=8.0, kernels='torch'):
         nn.Module.__init__(self)
-        self.n, self.dynamic, self.iters, self.res, self.recompute = n, dynamic, iters, res, recompute
-        self.kernels = kernels
+        self.n, self.dynamic, self.iters, self.res = n, dynamic, iters, res
+        self.recompute, self.kernels = recompute, kernels
         perms = torch.eye(n)[torch.tensor(list(itertools.permutations(range(n))))] if res == 'permutation' else None
         self.register_buffer('perms', perms, persistent=False)  # (n!, n, n), the identity first
         # H~_res: 0 for the identity (the diagonal, or the identity permutation), -res_init for the rest; the
         # Cayley map's W starts at 0, H_res = I, whose gradient never saturates
         initial = {'sinkhorn': (torch.eye(n) - 1) * res_init, 'cayley': torch.zeros(n, n), 'identity': None,
-                   'permutation': torch.full((math.factorial(n),), -float(res_init)).index_fill(0, torch.tensor(0), 0.)
-                   }[res]
+                   'permutation': -float(res_init) * (torch.arange(math.factorial(n)) > 0)}[res]
         self.b_pre = nn.Parameter(torch.logit(torch.softmax(F.one_hot(torch.tensor(layer % n), n).double(), 0)).float())
         self.b_post = nn.Parameter(torch.zeros(n))
         self.b_res = None if initial is None else nn.Parameter(initial)
@@ -529,9 +528,8 @@ class DenseFormerUpdate(ResidualUpdate):
 
     def __init__(self, layer):
         super().__init__()
-        ends_block = layer % 2  # the MLP's sublayer; the attention's and the output's hold no weights
-        self.alpha = (nn.Parameter(F.one_hot(torch.tensor(layer // 2 + 1), layer // 2 + 2).float()) if ends_block else
-                      None)
+        k = layer // 2 + 1  # an MLP's sublayer (odd) ends block k - 1; the attention's and the output's hold no weights
+        self.alpha = nn.Parameter(F.one_hot(torch.tensor(k), k + 1).float()) if layer % 2 else None
 
     @classmethod
     def from_config(cls, cfg, layer, causal):

@@ -125,14 +125,17 @@ def parallelize(model, cfg, env):
     group (fully_shard), casting parameters to env's dtype for compute (the raw W of a Q/K/V map
     stays float32; autocast runs as without FSDP) and reducing gradients in float32; DDP keeps a
     replica per process. torch.compile (cfg.compile; default: on CUDA) comes between. fully_shard
-    shards `model` itself: an optimizer built on it afterwards holds the shards."""
+    shards `model` itself: an optimizer built on it afterwards holds the shards. A rule that reads across depth
+    (ResidualUpdate.depth) sends gradients into a block's inner tensors from later blocks, past the block's outputs
+    where FSDP gathers its weights for backward: its blocks are sharded with the whole model, as one group."""
     if env.fsdp:
         mp = MixedPrecisionPolicy(param_dtype=getattr(torch, env.dtype), reduce_dtype=torch.float32)
         whole = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
         for block in model.blocks:
             if parametrize.is_parametrized(block.attn.c_attn):  # the Q/K/V map reads its raw W in float32
                 fully_shard(block.attn.c_attn, mp_policy=whole)
-            fully_shard(block, mp_policy=mp)
+            if not block.update_attn.depth:
+                fully_shard(block, mp_policy=mp)
         fully_shard(model, mp_policy=mp)
     if cfg.compile if cfg.compile is not None else env.device_type == 'cuda':
         model = torch.compile(model)

@@ -31,8 +31,9 @@ def weights(out, name='ckpt.pt'):
     ['--residual=orthogonal', '--ortho_prob=0.5', '--dropout=0.1', '--gradient_accumulation_steps=2'],
     ['--residual=ngpt', '--gradient_accumulation_steps=2'],
     ['--residual=hc', '--gradient_accumulation_steps=2'],
-    ['--residual=mhc', '--qkv=cayley', '--gradient_accumulation_steps=2']],
-    ids=['cayley', 'rotation-exp', 'orthogonal', 'ngpt', 'hc', 'mhc-cayley'])
+    ['--residual=mhc', '--qkv=cayley', '--gradient_accumulation_steps=2'],
+    ['--residual=attnres', '--attnres_block=2', '--gradient_accumulation_steps=2']],  # blocks sharded as one group
+    ids=['cayley', 'rotation-exp', 'orthogonal', 'ngpt', 'hc', 'mhc-cayley', 'attnres'])
 def test_fsdp_reaches_the_weights_of_ddp(variant, torchrun, tiny, char_data, tmp_path):
     """The same logits, and the same weights: except HC's, whose read weights A_m scale the input
     of the block's norm, so while the copies are equal their gradient is zero up to rounding. The
