@@ -750,17 +750,16 @@ class MLP(nn.Module):
 
 class Depth:
     """What one forward's sublayers wrote, for a rule that reads it (ResidualUpdate.depth) and for x0_mix: `start`,
-    the stream the first block reads, and what such a rule keeps as it goes: `outputs` (from [start]) and a running
-    sum `partial`. Everything is per position: decoding needs nothing more."""
+    the stream the first block reads, `anchor` what x0_mix mixes in, and what such a rule keeps as it goes: `outputs`
+    (from [start]) and a running sum `partial`. Everything is per position: decoding needs nothing more."""
 
-    def __init__(self, start):
-        self.start, self.outputs, self.partial = start, [start], None
+    def __init__(self, start, anchor=None):
+        self.start, self.anchor, self.outputs, self.partial = start, anchor, [start], None
 
 
 class StreamAnchor(nn.Module):
-    """x <- lambda_r x + lambda_0 x0 before a block, x0 = RMSNorm(the embeddings), two learnable scalars: the stream
-    anchors of the modded-nanogpt records ('identity': (1, 0), the plain model at init) and of nanochat ('nanochat':
-    lambda_r from 1.15 to 1.05 over the blocks, lambda_0 from 0.20 to 0.05). docs/rules.md."""
+    """x <- lambda_r x + lambda_0 x0 before a block, x0 = RMSNorm(the embeddings), two learnable scalars: modded-
+    nanogpt's ('identity': (1, 0), the plain model at init), nanochat's (1.15 to 1.05, 0.20 to 0.05 over depth)."""
 
     def __init__(self, kind, layer, n_layer):
         super().__init__()
@@ -768,8 +767,8 @@ class StreamAnchor(nn.Module):
         r, z = (1.0, 0.0) if kind == 'identity' else (1.15 - 0.10 * f, 0.20 - 0.15 * f)
         self.resid, self.x0 = nn.Parameter(torch.tensor([r])), nn.Parameter(torch.tensor([z]))
 
-    def forward(self, x, start):
-        return self.resid * x + self.x0 * F.rms_norm(start, start.shape[-1:])
+    def forward(self, x, x0):
+        return self.resid * x + self.x0 * x0
 
 
 class Block(nn.Module):
@@ -788,7 +787,7 @@ class Block(nn.Module):
 
     def forward(self, x, cache=None, depth=None):  # (B, T, C), or the rule's wider stream; depth: a Depth, or None
         if self.anchor is not None:
-            x = self.anchor(x, depth.start)
+            x = self.anchor(x, depth.anchor)
         reads = (depth,) if self.update_attn.depth else ()
         h, state = self.update_attn.prepare(x, cache, *reads)  # (B, T, C)
         x = self.update_attn(x, self.attn(self.ln_1(h), cache), state)
@@ -850,7 +849,8 @@ class Trunk:
     def trunk(self, x, cache=None):  # (B, T, C) embeddings -> (B, T, C) features for the head
         n = self.rule.copies(self.config)
         x = copied(self.ln_emb(x), n)  # (B, T, C), or n copies (B, T, n, C)
-        depth = Depth(x) if self.rule.depth or self.config.x0_mix != 'off' else None
+        anchor = F.rms_norm(x, x.shape[-1:]) if self.config.x0_mix != 'off' else None  # x0_mix's, once a forward
+        depth = Depth(x, anchor) if self.rule.depth or anchor is not None else None
         for block in self.blocks:
             x = block(x, cache, depth)
         if self.read_out is not None:
