@@ -749,12 +749,12 @@ class MLP(nn.Module):
 
 
 class Depth:
-    """What one forward's sublayers wrote, for a rule that reads it (ResidualUpdate.depth) and for x0_mix: `start`,
-    the stream the first block reads, `anchor` what x0_mix mixes in, and what such a rule keeps as it goes: `outputs`
-    (from [start]) and a running sum `partial`. Everything is per position: decoding needs nothing more."""
+    """What one forward's sublayers wrote, for a rule that reads it (ResidualUpdate.depth) and for x0_mix: `anchor`,
+    what x0_mix mixes in, and what such a rule keeps as it goes: `outputs`, from [start] (the stream the first block
+    reads), and a running sum `partial`. Everything is per position: decoding needs nothing more."""
 
     def __init__(self, start, anchor=None):
-        self.start, self.anchor, self.outputs, self.partial = start, anchor, [start], None
+        self.anchor, self.outputs, self.partial = anchor, [start], None
 
 
 class StreamAnchor(nn.Module):
