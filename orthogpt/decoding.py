@@ -38,10 +38,13 @@ def static(state):
 
 
 def compiled(device):
-    """step compiled in one graph of fixed shapes: replayed as a CUDA graph on a GPU, inductor's code alone
-    elsewhere."""
-    return torch.compile(step, mode='reduce-overhead' if device.type == 'cuda' else None, fullgraph=True,
-                         dynamic=False)
+    """step compiled in one graph of fixed shapes: replayed as a CUDA graph on a GPU (torch.compile's
+    'reduce-overhead'), inductor's code alone elsewhere. At batch 1 each linear is a product of one row, which BLAS
+    runs as a gemv on one thread at a fraction of a CPU's bandwidth; inductor's decompose_mm_pass makes it a reduction
+    of its own, spread over the threads (the compiled step 1.9x faster on the 2-core CPU of docs/performance.md; on a
+    GPU the pass leaves such small products alone)."""
+    return torch.compile(step, fullgraph=True, dynamic=False, options={
+        'triton.cudagraphs': device.type == 'cuda', 'post_grad_fusion_options': {'decompose_mm_pass': {}}})
 
 
 def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None, use_cache=True, shift=None,
@@ -58,6 +61,7 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, generator=
     one = compiled(idx.device) if compile else step
     with torch.inference_mode(), parametrize.cached():  # Q/K/V maps computed once, not once per token
         out = torch.cat([idx, idx.new_empty(B, max_new_tokens)], 1)  # every token, read back once at the end
+        last = idx.new_empty(B, 1)  # the step's input, of one stride whatever out's length (no recompile)
         state, start, fresh = DecodeState(block, idx.device) if use_cache else None, 0, True
         for t in range(T, T + max_new_tokens):
             noise = torch.empty(B, model.config.vocab_size, device=idx.device).exponential_(generator=generator)
@@ -70,5 +74,5 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, generator=
                 if compile and state is not None:
                     static(state)
             else:  # the last token alone, at the state's position
-                out[:, t] = one(model, out[:, t - 1:t], noise, state, temperature, top_k)
+                out[:, t] = one(model, last.copy_(out[:, t - 1:t]), noise, state, temperature, top_k)
     return out.clone()  # outside inference mode: usable in autograd

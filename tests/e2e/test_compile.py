@@ -82,14 +82,15 @@ def test_decoding_through_the_state_compiles_once_in_one_graph(variant, gpt_conf
 def test_compiled_generation_draws_the_same_tokens(gpt_config, no_recompiles):
     """Generation with the step compiled (decoding.compiled: the default compiler, fullgraph=True), 300 tokens
     past many moves of the window with no recompile, draws the tokens that the eager step and the uncached
-    forward draw from the same seed; a second generation reuses the compiled step."""
+    forward draw from the same seed; a second generation, of another prompt and length, reuses the compiled step."""
     torch.manual_seed(0)
     model = GPT(gpt_config(residual='orthogonal', ortho_mode='global', qkv='cayley')).eval()
     prompt = torch.randint(11, (1, 3))
 
-    def run(**how):
-        return decoding.generate(model, prompt, 300, top_k=8, generator=torch.Generator().manual_seed(3), **how)
+    def run(prompt=prompt, n=300, **how):
+        return decoding.generate(model, prompt, n, top_k=8, generator=torch.Generator().manual_seed(3), **how)
     compiled = run(compile=True)
     assert compiled.shape == (1, 303)
     assert torch.equal(compiled, run()) and torch.equal(compiled, run(use_cache=False))
     assert torch.equal(run(compile=True), compiled)
+    assert torch.equal(run(prompt[:, :2], 40, compile=True), run(prompt[:, :2], 40))
