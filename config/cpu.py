@@ -31,6 +31,10 @@ _adamw = {
     'ngpt': {'standard': 8e-3, 'gated': 8e-3},
     'hc': {'standard': 2e-3, 'gated': 2e-3},  # tuned with the standard MLP; the gated one takes its rate
     'mhc': {'standard': 2e-3, 'gated': 2e-3},
+    # tuned with the standard MLP alone (docs/results.md, "Rules that look across depth"); the gated one takes 1e-3
+    'ddl': {'standard': 2e-3},
+    'attnres': {'standard': 1e-3},  # in blocks (attnres_block > 1), 2e-3: below
+    'denseformer': {'standard': 4e-3},
 }
 # Under Muon (config/muon.py), (muon_lr, muon_weight_decay) for the blocks' matrices; the rest
 # keeps AdamW's rate above.
@@ -44,5 +48,7 @@ _muon = {
 _tuned = dataset == 'shakespeare_char' and qkv == 'dense'  # noqa: F821
 _rates = _adamw.get(residual, {}) if _tuned else {}  # noqa: F821
 learning_rate = _rates.get(mlp, 1e-3)  # noqa: F821
+if _tuned and residual == 'attnres' and attnres_block > 1 and mlp == 'standard':  # noqa: F821
+    learning_rate = 2e-3
 if optimizer == 'muon' and _tuned and mlp in _muon.get(residual, {}):  # noqa: F821
     muon_lr, muon_weight_decay = _muon[residual][mlp]  # noqa: F821

@@ -1,8 +1,8 @@
 """A scaling miniseries: each residual rule (a config file) at several sizes (--depths) x seeds,
 its final loss fitted against training compute, and each rule's compute multiplier over a baseline.
 
-    # a CPU, Tiny Shakespeare (characters): 9 rules x 4 sizes x 2 seeds, the CPU recipe's rates (tuned for
-    # all but ddl, attnres and denseformer: docs/results.md)
+    # a CPU, Tiny Shakespeare (characters): 9 rules x 4 sizes x 2 seeds, each at the CPU recipe's rate tuned
+    # for it (docs/results.md)
     python tools/miniseries.py config/shakespeare_{add,ortho,rot,ngpt,hc,mhc,ddl,attnres,denseformer}.py --stack=config/cpu.py \\
         --depths=2,3,4,5 --seeds=2 --out=out-miniseries
     # a GPU, GPT-2 BPE: FineWeb-edu's shards (python data/prepare_text.py --dataset fineweb-edu, into

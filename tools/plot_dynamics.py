@@ -96,10 +96,10 @@ def main(argv=None):
     def finish(fig, ax, xlabel, ylabel, name, fontsize):  # a one-panel figure: labels, legend, file
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
-        ax.legend(fontsize=fontsize)
         fig.tight_layout()
+        ax.legend(fontsize=fontsize, loc='upper left', bbox_to_anchor=(1.01, 1))  # beside the axes: hides no line
         written.append(f"{args.out}_{name}.png")
-        fig.savefig(written[-1], dpi=110)
+        fig.savefig(written[-1], dpi=110, bbox_inches='tight')
         plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(6, 3.5))  # the stream by depth: does it grow with the layers (PreNorm's dilution)?
@@ -108,6 +108,7 @@ def main(argv=None):
         depth = [v for pair in zip(measured(last, 'attn', 'stream_sq'), measured(last, 'mlp', 'stream_sq')) for v in pair]
         ax.plot(range(1, len(depth) + 1), depth, color=f'C{color}', marker='.', label=f"{name}, iter {last['iter']}")
     ax.set_yscale('log')
+    ax.xaxis.get_major_locator().set_params(integer=True)
     finish(fig, ax, 'sublayer (attention, MLP, attention, ...)', '||x||² of what the branch read', 'stream_by_depth', 6)
 
     fig, ax = plt.subplots(figsize=(5, 3.5))

@@ -40,6 +40,10 @@ def test_cpu_recipe_takes_the_rates_tuned_for_the_rule_and_mlp_before_it():
     assert load(cfgfile('shakespeare_ortho.py')).learning_rate == 4e-3
     assert load(cfgfile('shakespeare_ortho.py'), '--mlp=gated').learning_rate == 2e-3
     assert load(cfgfile('shakespeare_cayley.py')).learning_rate == 1e-3  # not tuned: nanoGPT's CPU rate
+    assert load(cfgfile('shakespeare_attnres.py')).learning_rate == 1e-3
+    assert load(cfgfile('shakespeare_attnres_block.py')).learning_rate == 2e-3  # in blocks: a rate of its own
+    assert load(cfgfile('shakespeare_attnres_block.py'), '--mlp=gated').learning_rate == 1e-3
+    assert load(cfgfile('shakespeare_denseformer.py')).learning_rate == 4e-3
     assert load(cfgfile('vit_fashion_add.py')).learning_rate == 1e-3
     muon = load(cfgfile('shakespeare_add.py'), cfgfile('muon.py'))
     assert (muon.learning_rate, muon.muon_lr, muon.muon_weight_decay) == (2e-3, 0.01, 0.1)
