@@ -363,7 +363,7 @@ class ManifoldHyperConnection(HyperConnection):
     class Options(HyperConnection.Options):
         mhc_res: Literal['sinkhorn', 'identity', 'permutation', 'cayley'] = 'sinkhorn'  # H_res's constraint M
         mhc_sinkhorn_iters: int = 20  # [mHC] Eq. 9: Sinkhorn-Knopp rounds (t_max)
-        mhc_res_init: float = 8.0  # H~_res at init: 0 for the identity, -this for the rest (docs/rules.md)
+        mhc_res_init: float = 1.0  # H~_res at init: 0 for the identity, -this for the rest (docs/rules.md)
 
     no_decay = ('b_pre', 'b_post', 'b_res')
 
@@ -375,13 +375,13 @@ class ManifoldHyperConnection(HyperConnection):
             raise ValueError(f"hc_rate={o.hc_rate}: mHC mixes at least 2 copies of the stream")
         at_least_one(o, 'mhc_sinkhorn_iters')
         if not math.isfinite(o.mhc_res_init):
-            raise ValueError(f"mhc_res_init={o.mhc_res_init} must be a finite number (8: near I; 1: logits I; "
-                             f"0: uniform)")
+            raise ValueError(f"mhc_res_init={o.mhc_res_init} must be a finite number (1: logits I, the default; "
+                             f"8: near I; 0: uniform)")
         if o.mhc_res == 'permutation' and o.hc_rate > 6:
             raise ValueError(f"mhc_res='permutation' mixes all {math.factorial(o.hc_rate)} permutations of "
                              f"hc_rate={o.hc_rate} copies; use hc_rate <= 6, or mhc_res='sinkhorn'")
 
-    def __init__(self, d, n, layer, dynamic, iters, res='sinkhorn', recompute=False, res_init=8.0, kernels='torch'):
+    def __init__(self, d, n, layer, dynamic, iters, res='sinkhorn', recompute=False, res_init=1.0, kernels='torch'):
         nn.Module.__init__(self)
         self.n, self.dynamic, self.iters, self.res = n, dynamic, iters, res
         self.recompute, self.kernels = recompute, kernels

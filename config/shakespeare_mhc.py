@@ -10,3 +10,4 @@ hc_rate = 4
 hc_dynamic = True
 mhc_res = 'sinkhorn'
 mhc_sinkhorn_iters = 20
+mhc_res_init = 1.0  # H_res's logits start at I, a mixing that learns (docs/results.md: mHC's H_res initialisation)

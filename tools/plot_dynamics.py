@@ -90,7 +90,7 @@ def main(argv=None):
         fig.legend(handles, labels, loc='upper center', ncol=min(len(drawn), 3), fontsize=7)
         fig.tight_layout(rect=(0, 0, 1, 1 - 0.2 * legend_rows / (4.6 + 0.2 * legend_rows) - 0.02))
         written.append(f"{args.out}_{stat}.png")
-        fig.savefig(written[-1], dpi=110)
+        fig.savefig(written[-1], dpi=110, bbox_inches='tight')  # a legend wider than the panels stays whole
         plt.close(fig)
 
     def finish(fig, ax, xlabel, ylabel, name, fontsize):  # a one-panel figure: labels, legend, file

@@ -75,7 +75,7 @@ def test_dynamics_log_h_res_and_its_plot(run, tmp_path, capsys):
     """mHC's H_res in the dynamics log: Sinkhorn's from lucidrains' start (0.525 from the other copies) with no
     angle, the Cayley mixer's from I with its rotation angle; the plot of each and the table of the last values."""
     args = ['--max_iters=20', '--eval_interval=20', '--dynamics=True', '--dynamics_interval=10']
-    sinkhorn = run(*args, config='shakespeare_mhc_init1.py', out='sinkhorn')
+    sinkhorn = run(*args, config='shakespeare_mhc.py', out='sinkhorn')
     cayley = run(*args, config='shakespeare_jpmhc.py', out='cayley')
     last = {}
     for name, out in (('sinkhorn', sinkhorn), ('cayley', cayley)):
