@@ -381,14 +381,14 @@ class ManifoldHyperConnection(HyperConnection):
             raise ValueError(f"mhc_res='permutation' mixes all {math.factorial(o.hc_rate)} permutations of "
                              f"hc_rate={o.hc_rate} copies; use hc_rate <= 6, or mhc_res='sinkhorn'")
 
-    def __init__(self, d, n, layer, dynamic, iters, res='sinkhorn', recompute=False, res_init=1.0, kernels='torch'):
+    def __init__(self, d, n, layer, dynamic, iters, res='sinkhorn', recompute=False, res_init=Options.mhc_res_init,
+                 kernels='torch'):
         nn.Module.__init__(self)
         self.n, self.dynamic, self.iters, self.res = n, dynamic, iters, res
         self.recompute, self.kernels = recompute, kernels
         perms = torch.eye(n)[torch.tensor(list(itertools.permutations(range(n))))] if res == 'permutation' else None
         self.register_buffer('perms', perms, persistent=False)  # (n!, n, n), the identity first
-        # H~_res: 0 for the identity (the diagonal, or the identity permutation), -res_init for the rest; the
-        # Cayley map's W starts at 0, H_res = I, whose gradient never saturates
+        # H~_res: 0 for the identity (diagonal or permutation), -res_init for the rest; Cayley's W = 0 never saturates
         initial = {'sinkhorn': (torch.eye(n) - 1) * res_init, 'cayley': torch.zeros(n, n), 'identity': None,
                    'permutation': -float(res_init) * (torch.arange(math.factorial(n)) > 0)}[res]
         self.b_pre = nn.Parameter(torch.logit(torch.softmax(F.one_hot(torch.tensor(layer % n), n).double(), 0)).float())
