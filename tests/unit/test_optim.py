@@ -1,6 +1,8 @@
 """The optimizer step: the learning-rate schedule, gradient accumulation as one big batch, what
 weight decay reaches."""
 
+import math
+import os
 from contextlib import nullcontext
 
 import pytest
@@ -8,8 +10,10 @@ import torch
 
 import configure
 from model import GPT, RESIDUALS
-from orthogpt import optim
+from orthogpt import optim, parallel
 from orthogpt.errors import UserError
+from orthogpt.run import setup
+from tools import suite
 
 
 def test_lr_schedule():
@@ -153,3 +157,17 @@ def test_muon_splits_stacked_weights_by_name(mlp, split):
     splits = {p: g['split'] for g in muon.param_groups for p in g['params']}
     assert splits[model.blocks[0].attn.c_attn.weight] == 3 and splits[model.blocks[0].mlp.c_fc.weight] == split
     assert splits[model.blocks[0].mlp.c_proj.weight] == 1
+
+
+@pytest.mark.parametrize('rule', suite.RULES)
+def test_every_rule_of_the_gpu_grid_trains_with_muon_and_the_gated_mlp(rule, root, char_data):
+    """The GPU suite's Tiny Shakespeare grid (tools/suite.py), whose smoke run trains two of its rules: each config
+    at a tiny size, with its least used corner, Muon on the gated MLP's stacked weights, steps through the training
+    loop's own step and lowers its loss."""
+    cfg = configure.load([os.path.join(root, 'config', f'shakespeare_{rule}.py'), '--mlp=gated', '--optimizer=muon',
+                          '--mlp_ratio=None', '--n_layer=2', '--n_embd=32', '--block_size=32', '--batch_size=4',
+                          '--device=cpu', '--compile=False', f'--data_dir={char_data}'])
+    run = setup(cfg, parallel.setup(cfg))
+    assert 'muon' in run.optimizer.named
+    losses = [run.step()[0].item() for _ in range(6)]
+    assert all(map(math.isfinite, losses)) and losses[-1] < losses[0], losses
