@@ -33,10 +33,9 @@ def weights(out, name='ckpt.pt'):
     ['--residual=attnres', '--attnres_block=2', '--gradient_accumulation_steps=2']],  # blocks sharded as one group
     ids=['mhc-cayley', 'rotation-exp', 'orthogonal', 'ngpt', 'attnres'])
 def test_fsdp_reaches_the_weights_of_ddp(variant, torchrun, tiny, char_data, tmp_path):
-    """The same logits and the same weights. mHC stands for the wide streams, which FSDP shards with their block;
-    HC's weights, compared when it was here, differed by a few 1e-5: its read weights A_m scale the input of the
-    block's norm, so while the copies are equal their gradient is zero up to rounding, which the two reductions round
-    differently."""
+    """The same logits and the same weights. mHC stands for both wide streams, which FSDP shards with their block.
+    (HC's own weights would match only to a few 1e-5: its read weights A_m scale the input of the block's norm, so
+    while the copies are equal their gradient is zero up to rounding, which the two reductions round differently.)"""
     for parallel in ('ddp', 'fsdp'):
         spawn(torchrun, tiny, char_data, tmp_path / parallel, 2, '--max_iters=4', f'--parallel={parallel}', *variant)
     assert os.path.isdir(tmp_path / 'fsdp' / 'ckpt-0000004.dcp') and not os.path.exists(tmp_path / 'ddp' / 'ckpt-0000004.dcp')

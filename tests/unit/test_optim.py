@@ -1,5 +1,5 @@
 """The optimizer step: the learning-rate schedule, gradient accumulation as one big batch, what
-weight decay reaches."""
+weight decay reaches, Muon's stacked weights, and a step of every rule of the GPU suite's grid."""
 
 import math
 import os
@@ -161,9 +161,9 @@ def test_muon_splits_stacked_weights_by_name(mlp, split):
 
 @pytest.mark.parametrize('rule', suite.RULES)
 def test_every_rule_of_the_gpu_grid_trains_with_muon_and_the_gated_mlp(rule, root, char_data):
-    """The GPU suite's Tiny Shakespeare grid (tools/suite.py), whose smoke run trains two of its rules: each config
-    at a tiny size, with its least used corner, Muon on the gated MLP's stacked weights, steps through the training
-    loop's own step and lowers its loss."""
+    """The GPU suite's Tiny Shakespeare grid (tools/suite.py), whose smoke run trains two of its rules: each config,
+    at a tiny size and in the grid's corner furthest from the default (Muon on the gated MLP's stacked weights),
+    takes the training loop's own steps and lowers its loss."""
     cfg = configure.load([os.path.join(root, 'config', f'shakespeare_{rule}.py'), '--mlp=gated', '--optimizer=muon',
                           '--mlp_ratio=None', '--n_layer=2', '--n_embd=32', '--block_size=32', '--batch_size=4',
                           '--device=cpu', '--compile=False', f'--data_dir={char_data}'])
