@@ -88,6 +88,12 @@ def busy(threads, processes=1):
 FEWER = "OMP_NUM_THREADS=1 before the command, or torchrun with a process per core"
 
 
+def thread_share(processes):
+    """Threads for each of `processes` processes that run at once on this machine: its cores split between them, as
+    threads that wait for one another on a core another process holds take many times longer (busy)."""
+    return max(1, (os.cpu_count() or 1) // processes)
+
+
 def check_cpu_run(run, argv, iters, evals):
     """On a CPU: print how long `iters` iterations and `evals` evaluations of the Run will take. A
     run that did not ask for the CPU (device='auto' found no GPU) and would take over LIMIT stops

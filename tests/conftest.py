@@ -23,11 +23,11 @@ sys.path.insert(0, ROOT)
 # Triton's kernels (orthogpt/hc_kernels.py) run on CPU tensors under its interpreter, which decides when they are
 # defined, as orthogpt is first imported: before any test module imports it
 os.environ.setdefault('TRITON_INTERPRET', '1')
-# pytest-xdist's workers (-n) share the cores as compare.py's runs do: threads that wait for one another on a core
-# held by another worker take many times longer (docs/performance.md, "Advice for CPU users"); the processes a test
-# starts inherit the share
+# pytest-xdist's workers (-n) share the cores as compare.py's runs do (docs/performance.md, "Advice for CPU users");
+# the processes a test starts inherit the share
 if int(os.environ.get('PYTEST_XDIST_WORKER_COUNT', 1)) > 1:
-    os.environ['OMP_NUM_THREADS'] = str(max(1, (os.cpu_count() or 1) // int(os.environ['PYTEST_XDIST_WORKER_COUNT'])))
+    from orthogpt.estimate import thread_share
+    os.environ['OMP_NUM_THREADS'] = str(thread_share(int(os.environ['PYTEST_XDIST_WORKER_COUNT'])))
     torch.set_num_threads(int(os.environ['OMP_NUM_THREADS']))
 
 # a 2-layer model that trains in seconds on the CPU; tests add the keys they exercise

@@ -85,7 +85,7 @@ sys.path.insert(0, ROOT)
 import configure  # noqa: E402
 from orthogpt import errors, files, lock, logs, plots, progress, resume, signals  # noqa: E402
 from orthogpt.errors import UserError  # noqa: E402
-from orthogpt.estimate import duration  # noqa: E402
+from orthogpt.estimate import duration, thread_share  # noqa: E402
 
 TUNING_SEED = 1337
 SEEDS = list(range(1, 100))  # the reported ones
@@ -361,7 +361,7 @@ def execute(runs, nproc, every):
         if r not in todo:
             keep(r)
     env = dict(os.environ)
-    env.setdefault('OMP_NUM_THREADS', str(max(1, (os.cpu_count() or 1) // nproc)))
+    env.setdefault('OMP_NUM_THREADS', str(thread_share(nproc)))
     running = []
 
     def terminate(signum, frame):  # Ctrl-C in a terminal reaches the runs by itself, SIGTERM does not
