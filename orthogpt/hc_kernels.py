@@ -34,6 +34,8 @@ BLOCK_K = 64  # features of the flattened stream vec(H) a product reads at a tim
 BLOCK_D = 64  # features of each copy a program reads at a time
 READ_N = {0: 32, 1: 64, 2: 32}  # tokens a read's program takes, by NORM: n d-wide rows for RMS, n rows of d else
 NONE, RMS, LAYERNORM = 0, 1, 2  # the read's products: none (static weights), mHC's, HC's
+# the same in the kernels: a GPU's Triton compiler reads only constexpr globals (the interpreter reads any)
+NONE_, RMS_, LAYERNORM_ = map(tl.constexpr, (NONE, RMS, LAYERNORM))
 
 
 def interpreting():  # Triton's interpreter, which runs the kernels on CPU tensors (tests)
@@ -98,7 +100,7 @@ def _read_kernel(H, h, Z, S1, S2, PRE, W, C, E, A, B, N, d, m, eps, s_pre_t, s_p
     t = _tokens(BN)
     i = tl.arange(0, NP)
     c = tl.arange(0, MP)
-    if NORM == RMS:  # z = (vec(H) phi) r, r = 1 / sqrt(mean(vec(H)^2) + eps); phi (n d, m)
+    if NORM == RMS_:  # z = (vec(H) phi) r, r = 1 / sqrt(mean(vec(H)^2) + eps); phi (n d, m)
         acc = tl.zeros((BN, MP), tl.float32)
         ss = tl.zeros((BN,), tl.float32)
         for k0 in range(0, n * d, BK):
@@ -113,7 +115,7 @@ def _read_kernel(H, h, Z, S1, S2, PRE, W, C, E, A, B, N, d, m, eps, s_pre_t, s_p
         tl.store(S1 + t, r, mask=t < N)
         zp = tl.sum(tl.where(c[None, None, :] == i[None, :, None], z[:, None, :], 0.0), axis=2)  # z[:, :n]
         pre = tl.sigmoid(tl.load(A) * zp + tl.load(B + i, mask=i < n, other=0.0)[None, :])  # H_pre
-    elif NORM == LAYERNORM:  # per copy: z = LayerNorm(H_i) W = rho (H_i W' - mean c) + e; W' (d, m)
+    elif NORM == LAYERNORM_:  # per copy: z = LayerNorm(H_i) W = rho (H_i W' - mean c) + e; W' (d, m)
         acc = tl.zeros((BN * NP, MP), tl.float32)
         count = tl.zeros((BN, NP), tl.float32)
         mean = tl.zeros((BN, NP), tl.float32)
@@ -145,7 +147,7 @@ def _read_kernel(H, h, Z, S1, S2, PRE, W, C, E, A, B, N, d, m, eps, s_pre_t, s_p
     else:
         pre = tl.load(PRE + t[:, None] * s_pre_t + i[None, :] * s_pre_i, mask=(t < N)[:, None] & (i < n)[None, :],
                       other=0.0).to(tl.float32)
-    if NORM != NONE:
+    if NORM != NONE_:
         tl.store(PRE + t[:, None] * n + i[None, :], pre, mask=(t < N)[:, None] & (i < n)[None, :])
     for d0 in range(0, d, BD):  # the branch's input from the rows just read
         k = d0 + tl.arange(0, BD)
@@ -175,7 +177,7 @@ def _read_backward_kernel(H, dh, dH, dZ, Z, S1, S2, PRE, dPRE, W, C, E, A, N, d,
             dpre += tl.where(i[None, :] == j, tl.sum(_copy(H, t, j, k, N, d, n) * g.to(tl.float32), axis=1)[:, None],
                              0.0)
     tl.store(dPRE + t[:, None] * n + i[None, :], dpre, mask=tmask)
-    if NORM == RMS:
+    if NORM == RMS_:
         zmask = (t < N)[:, None] & (c < m)[None, :]
         z = tl.load(Z + t[:, None] * m + c[None, :], mask=zmask, other=0.0)
         g = tl.load(dZ + t[:, None] * m + c[None, :], mask=zmask, other=0.0)
@@ -184,7 +186,7 @@ def _read_backward_kernel(H, dh, dH, dZ, Z, S1, S2, PRE, dPRE, W, C, E, A, N, d,
         tl.store(dZ + t[:, None] * m + c[None, :], g, mask=zmask)
         r = tl.load(S1 + t, mask=t < N, other=0.0)
         q = r * r * tl.sum(g * z, axis=1) / (n * d)  # the RMSNorm's term: dx = r g phi^T - q x
-    elif NORM == LAYERNORM:
+    elif NORM == LAYERNORM_:
         zoff = t[:, None, None] * (n * m) + i[None, :, None] * m + c[None, None, :]
         zmask = (t < N)[:, None, None] & (i < n)[None, :, None] & (c < m)[None, None, :]
         z = tl.load(Z + zoff, mask=zmask, other=0.0)
@@ -198,7 +200,7 @@ def _read_backward_kernel(H, dh, dH, dZ, Z, S1, S2, PRE, dPRE, W, C, E, A, N, d,
         ev = tl.load(E + c, mask=c < m, other=0.0)
         q = rho * rho * tl.sum(g * (z - ev[None, None, :]), axis=2) / d  # dx = rho g W'^T - q (x - mean) - p
         p = rho * tl.sum(g * cv[None, None, :], axis=2) / d
-    if NORM == LAYERNORM:
+    if NORM == LAYERNORM_:
         for d0 in range(0, d, BD):
             x, mask = _tile(H, t, d0, N, d, n, NP, BN, BD)
             k = d0 + tl.arange(0, BD)
@@ -217,7 +219,7 @@ def _read_backward_kernel(H, dh, dH, dZ, Z, S1, S2, PRE, dPRE, W, C, E, A, N, d,
             dhk = tl.load(dh + t[:, None] * d + (k % d)[None, :], mask=mask, other=0.0).to(tl.float32)
             prek = tl.load(PRE + t[:, None] * s_pre_t + (k // d)[None, :] * s_pre_i, mask=mask, other=0.0)
             dx = prek.to(tl.float32) * dhk
-            if NORM == RMS:
+            if NORM == RMS_:
                 w = tl.load(W + k[:, None] * m + c[None, :], mask=(k < n * d)[:, None] & (c < m)[None, :], other=0.0)
                 dx += r[:, None] * tl.dot(g, tl.trans(w), input_precision=PRECISION) - q[:, None] * x
             tl.store(dH + t[:, None] * (n * d) + k[None, :], dx.to(dH.dtype.element_ty), mask=mask)
@@ -380,6 +382,12 @@ def precision():
     return 'ieee' if torch.get_float32_matmul_precision() == 'highest' else 'tf32'
 
 
+def stages(H):
+    """The read's software pipeline, in tiles of H: Triton's 3 deep, 2 for a stream of float32, whose 3 tiles would
+    take 104 KiB of shared memory, more than a block of an sm_86 or sm_89 GPU has (99 KiB; RTX 30 and 40 series)."""
+    return 2 if H.element_size() == 4 else 3
+
+
 def given(t):
     return t if t.numel() else None
 
@@ -412,7 +420,8 @@ def hc_read(H: torch.Tensor, pre: torch.Tensor, weight: torch.Tensor, colsum: to
     _read_kernel[(triton.cdiv(N, READ_N[norm]),)](
         H, h, given(z), given(s1), given(s2), pre if norm == NONE else read, weight, colsum, shift, a, b, N, d, m, eps,
         *(pre.stride() if norm == NONE else (n, 1)), n=n,
-        NP=pow2(n), MP=pow2(m, 16), NORM=norm, PRECISION=precision(), BN=READ_N[norm], BK=BLOCK_K, BD=BLOCK_D)
+        NP=pow2(n), MP=pow2(m, 16), NORM=norm, PRECISION=precision(), BN=READ_N[norm], BK=BLOCK_K, BD=BLOCK_D,
+        num_stages=stages(H))
     return h, z, read, s1, s2
 
 

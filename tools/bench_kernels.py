@@ -4,15 +4,26 @@ device-to-device copy's of the stream, at the GPT-2 124M shape (12 x 1024 tokens
 
     python tools/bench_kernels.py                 # a CUDA GPU, the stream in bfloat16
     python tools/bench_kernels.py --smoke         # tiny shapes on a CPU under Triton's interpreter: the script runs
+    python tools/bench_kernels.py --compile_for=90    # no GPU needed: each kernel compiled for Hopper, not run
 
 Each kernel is timed over --repeats calls after --warmup (CUDA events; the median), at the shapes one sublayer of
-training gives it: mHC with Sinkhorn's mixing and HC, forward (the read, the write) and backward.
+training gives it: mHC with Sinkhorn's mixing, mHC's identity H_res, HC, and a static rule's given weights, forward
+(the read, the write) and backward.
+
+--compile_for=CC compiles every kernel those calls launch, for each stream dtype, for an NVIDIA GPU of compute
+capability CC (80: A100, 90: H100 and H200) with the compiler and ptxas that triton ships, on a machine with no GPU,
+and prints each one's registers a thread and stack frame (a kernel at the 255-register limit spills into its stack):
+what Triton's interpreter, which runs the tests on a CPU, does not check (it reads globals a GPU's compiler rejects).
 """
 
 import argparse
+import contextlib
 import os
+import re
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 if '--smoke' in sys.argv:  # before Triton defines the kernels
@@ -63,7 +74,7 @@ def backward_bytes(dh, H, weight, outputs):
 
 
 def cases(N, n, d, dtype, device):
-    """{name: (call, the bytes it reads and writes at the least)} for one sublayer's kernels."""
+    """{name: (call, the bytes it reads and writes at the least)} for one sublayer's kernels, each mode of each."""
     from orthogpt import hc_kernels as K
     f32 = dict(dtype=torch.float32, device=device)
     g = torch.Generator(device=device).manual_seed(0)
@@ -74,6 +85,7 @@ def cases(N, n, d, dtype, device):
     a, b, none = torch.full((1,), 0.01, **f32), torch.zeros(n, **f32), torch.empty(0, **f32)
     res = torch.softmax(torch.randn(N, n, n, generator=g, **f32), -1)
     post = torch.rand(N, n, generator=g, **f32)
+    given = torch.rand(n, generator=g, **f32).expand(N, n)  # a static rule's read weights, as Fused.prepare gives them
     rms = K.hc_read(H, none, phi, none, none, a, b, K.RMS, 1e-20)
     ln = K.hc_read(H, none, W, W.sum(0), W.sum(0), a, b, K.LAYERNORM, 1e-5)
     dout, dh = torch.randn_like(H), torch.randn_like(u)
@@ -85,17 +97,84 @@ def cases(N, n, d, dtype, device):
                                             nbytes(H, phi, *rms)),
         'read, HC (LayerNorm per copy)': (lambda: K.hc_read(H, none, W, W.sum(0), W.sum(0), a, b, K.LAYERNORM, 1e-5),
                                           nbytes(H, W, *ln)),
+        'read, static (given weights)': (lambda: K.hc_read(H, given, none, none, none, none, none, K.NONE, 0.0),
+                                         nbytes(H, u)),
         'write (H_res H + H_post u)': (lambda: K.hc_write(H, u, res, post, dtype), nbytes(H, u, res, post, H)),
+        'write, identity H_res': (lambda: K.hc_write(H, u, None, post, dtype), nbytes(H, u, post, H)),
         'write, backward': (lambda: K.hc_write_backward(dout, H, u, res, post),
                             nbytes(dout, H, u, res, post, H, u, res, post)),
+        'write, identity H_res, backward': (lambda: K.hc_write_backward(dout, H, u, None, post),
+                                            nbytes(dout, H, u, post, H, u, post)),
         'read, mHC, backward': (lambda: K.hc_read_backward(dh, rms[1], H, *backward_args(rms), phi, none, none, a,
                                                            K.RMS), backward_bytes(dh, H, phi, rms)),
         'read, HC, backward': (lambda: K.hc_read_backward(dh, ln[1], H, *backward_args(ln), W, W.sum(0), W.sum(0), a,
                                                           K.LAYERNORM), backward_bytes(dh, H, W, ln)),
+        'read, static, backward': (lambda: K.hc_read_backward(dh, none, H, none, none, none, given, none, none, none,
+                                                              none, K.NONE), nbytes(dh, H, H, post)),
         "phi's gradient (X^T Y)": (lambda: K.hc_xty(H.view(N, -1), rms[1]), nbytes(H, rms[1], phi)),
         'Sinkhorn-Knopp, 20 rounds': (lambda: K.hc_sinkhorn(logits, 20), nbytes(logits, logits)),
         'Sinkhorn-Knopp, backward': (lambda: K.hc_sinkhorn_backward(logits, logits, 20), 3 * nbytes(logits)),
     }
+
+
+@contextlib.contextmanager
+def compiled_for(capability):
+    """Inside, a Triton launch compiles its kernel for an NVIDIA GPU of this compute capability and does not run it:
+    Triton's driver is one that names that GPU, here or not. Yields the list of (kernel's name, CompiledKernel) that
+    the launches fill."""
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import driver, jit
+
+    class Absent:  # the driver calls a launch makes before it compiles
+        def get_current_target(self):
+            return GPUTarget('cuda', capability, 32)
+
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device=None):
+            return 0
+
+    launched = []
+
+    def launch(kernel, grid):
+        return lambda *args, **kwargs: launched.append((kernel.__name__, kernel.warmup(*args, grid=grid, **kwargs)))
+
+    getitem, active = jit.KernelInterface.__getitem__, driver._active  # None until a launch looks for a GPU
+    driver.set_active(Absent())
+    jit.KernelInterface.__getitem__ = launch
+    try:
+        yield launched
+    finally:
+        jit.KernelInterface.__getitem__ = getitem
+        driver.set_active(active)
+
+
+def resources(compiled):
+    """(registers a thread, stack frame bytes) of a CompiledKernel's binary, as cuobjdump reads them."""
+    import triton
+    with tempfile.NamedTemporaryFile(suffix='.cubin') as f:
+        f.write(compiled.asm['cubin'])
+        f.flush()
+        usage = subprocess.run([triton.knobs.nvidia.cuobjdump.path, '--dump-resource-usage', f.name],
+                               capture_output=True, text=True, check=True).stdout
+    return tuple(int(re.search(rf'\b{key}:(\d+)', usage).group(1)) for key in ('REG', 'STACK'))
+
+
+def compile_all(N, n, d, capability):
+    """Every kernel of cases() compiled for capability, for each stream dtype: a Markdown table."""
+    print(f"compiled for compute capability {capability} (not run); {N} tokens x {n} copies x {d}\n\n| kernel | "
+          f"stream | launches | registers | stack, bytes | shared memory, bytes |\n|---|---|---|---|---|---|")
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        with compiled_for(capability) as launched:
+            for name, (call, _) in cases(N, n, d, dtype, 'cpu').items():
+                if name.startswith('copy'):
+                    continue
+                del launched[:]
+                call()
+                for kernel, compiled in launched:
+                    regs, stack = resources(compiled)
+                    print(f"| {name} | {str(dtype)[6:]} | {kernel} | {regs} | {stack} | {compiled.metadata.shared} |")
 
 
 @errors.entry
@@ -108,7 +187,14 @@ def main(argv=None):
     p.add_argument('--dtype', default='bfloat16', choices=['bfloat16', 'float32'])
     p.add_argument('--repeats', type=int, default=20)
     p.add_argument('--warmup', type=int, default=3)
+    p.add_argument('--compile_for', type=int, metavar='CC',
+                   help='compile each kernel for an NVIDIA GPU of compute capability CC (90: Hopper), with no GPU here')
     args = p.parse_args(argv)
+    if args.compile_for is not None:
+        if os.environ.get('TRITON_INTERPRET') == '1':
+            raise UserError("--compile_for compiles the kernels for a GPU, which Triton's interpreter does not: unset "
+                            "TRITON_INTERPRET (and leave out --smoke)")
+        return compile_all(args.tokens, args.copies, args.n_embd, args.compile_for)
     cuda = torch.cuda.is_available() and not args.smoke
     if not cuda and not args.smoke:
         raise UserError("the kernels run on a CUDA GPU and this machine has none; --smoke runs the script at tiny "
