@@ -383,8 +383,9 @@ def precision():
 
 
 def stages(H):
-    """The read's software pipeline, in tiles of H: Triton's 3 deep, 2 for a stream of float32, whose 3 tiles would
-    take 104 KiB of shared memory, more than a block of an sm_86 or sm_89 GPU has (99 KiB; RTX 30 and 40 series)."""
+    """The read's software pipeline, in tiles of H: Triton's 3 deep, 2 for a stream of float32, whose 3 tiles take up to
+    104 KiB of shared memory (IEEE products; 76 KiB in TF32), more than a block of an sm_86 or sm_89 GPU has (99 KiB:
+    RTX 30 and 40 series)."""
     return 2 if H.element_size() == 4 else 3
 
 

@@ -161,11 +161,19 @@ def resources(compiled):
     return tuple(int(re.search(rf'\b{key}:(\d+)', usage).group(1)) for key in ('REG', 'STACK'))
 
 
+# the streams a run gives the kernels, with the float32 products' arithmetic: IEEE, torch's default; TF32, what
+# train.py sets on CUDA for a float32 run (orthogpt.parallel)
+STREAMS = {'bfloat16': (torch.bfloat16, 'highest'), 'float16': (torch.float16, 'highest'),
+           'float32, TF32': (torch.float32, 'high'), 'float32, IEEE': (torch.float32, 'highest')}
+
+
 def compile_all(N, n, d, capability):
-    """Every kernel of cases() compiled for capability, for each stream dtype: a Markdown table."""
+    """Every kernel of cases() compiled for capability, for each stream of STREAMS: a Markdown table."""
     print(f"compiled for compute capability {capability} (not run); {N} tokens x {n} copies x {d}\n\n| kernel | "
           f"stream | launches | registers | stack, bytes | shared memory, bytes |\n|---|---|---|---|---|---|")
-    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+    previous = torch.get_float32_matmul_precision()
+    for stream, (dtype, arithmetic) in STREAMS.items():
+        torch.set_float32_matmul_precision(arithmetic)
         with compiled_for(capability) as launched:
             for name, (call, _) in cases(N, n, d, dtype, 'cpu').items():
                 if name.startswith('copy'):
@@ -174,7 +182,8 @@ def compile_all(N, n, d, capability):
                 call()
                 for kernel, compiled in launched:
                     regs, stack = resources(compiled)
-                    print(f"| {name} | {str(dtype)[6:]} | {kernel} | {regs} | {stack} | {compiled.metadata.shared} |")
+                    print(f"| {name} | {stream} | {kernel} | {regs} | {stack} | {compiled.metadata.shared} |")
+    torch.set_float32_matmul_precision(previous)
 
 
 @errors.entry
