@@ -10,10 +10,11 @@ Each kernel is timed over --repeats calls after --warmup (CUDA events; the media
 training gives it: mHC with Sinkhorn's mixing, mHC's identity H_res, HC, and a static rule's given weights, forward
 (the read, the write) and backward.
 
---compile_for=CC compiles every kernel those calls launch, for each stream dtype, for an NVIDIA GPU of compute
-capability CC (80: A100, 90: H100 and H200) with the compiler and ptxas that triton ships, on a machine with no GPU,
-and prints each one's registers a thread and stack frame (a kernel at the 255-register limit spills into its stack):
-what Triton's interpreter, which runs the tests on a CPU, does not check (it reads globals a GPU's compiler rejects).
+--compile_for=CC compiles every kernel those calls launch, for each stream dtype (float32 with IEEE products, torch's
+default, and with TF32, train.py's on CUDA), for an NVIDIA GPU of compute capability CC (80: A100, 90: H100 and H200)
+with the compiler and ptxas that triton ships, on a machine with no GPU. It prints each one's registers a thread,
+stack frame (a kernel at the 255-register limit spills into it) and shared memory: what Triton's interpreter, which
+runs the tests on a CPU, does not check (it reads globals that a GPU's compiler refuses).
 """
 
 import argparse
