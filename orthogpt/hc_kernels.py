@@ -383,10 +383,10 @@ def precision():
 
 
 def stages(H):
-    """The read's software pipeline, in tiles of H: Triton's 3 deep, 2 for a stream of float32, whose 3 tiles take up to
-    104 KiB of shared memory (IEEE products; 76 KiB in TF32), more than a block of an sm_86 or sm_89 GPU has (99 KiB:
-    RTX 30 and 40 series)."""
-    return 2 if H.element_size() == 4 else 3
+    """The read's software pipeline, in tiles of H: Triton's 3 deep, but 2 for a float32 stream with IEEE products,
+    whose 3 tiles take 104 KiB of shared memory (76 KiB in TF32), more than a block has on a GPU of compute capability
+    8.6 or 8.9 (99 KiB: RTX 30 and 40 series, A10, L4 and others)."""
+    return 2 if H.element_size() == 4 and precision() == 'ieee' else 3
 
 
 def given(t):

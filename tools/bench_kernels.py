@@ -105,13 +105,13 @@ def cases(N, n, d, dtype, device):
         'write, backward': (lambda: K.hc_write_backward(dout, H, u, res, post),
                             nbytes(dout, H, u, res, post, H, u, res, post)),
         'write, identity H_res, backward': (lambda: K.hc_write_backward(dout, H, u, None, post),
-                                            nbytes(dout, H, u, post, H, u, post)),
+                                            nbytes(dout, u, post, H, u, post)),  # dH = dout: H is not read
         'read, mHC, backward': (lambda: K.hc_read_backward(dh, rms[1], H, *backward_args(rms), phi, none, none, a,
                                                            K.RMS), backward_bytes(dh, H, phi, rms)),
         'read, HC, backward': (lambda: K.hc_read_backward(dh, ln[1], H, *backward_args(ln), W, W.sum(0), W.sum(0), a,
                                                           K.LAYERNORM), backward_bytes(dh, H, W, ln)),
         'read, static, backward': (lambda: K.hc_read_backward(dh, none, H, none, none, none, given, none, none, none,
-                                                              none, K.NONE), nbytes(dh, H, H, post)),
+                                                              none, K.NONE), nbytes(dh, H, H) + nbytes(given)),
         "phi's gradient (X^T Y)": (lambda: K.hc_xty(H.view(N, -1), rms[1]), nbytes(H, rms[1], phi)),
         'Sinkhorn-Knopp, 20 rounds': (lambda: K.hc_sinkhorn(logits, 20), nbytes(logits, logits)),
         'Sinkhorn-Knopp, backward': (lambda: K.hc_sinkhorn_backward(logits, logits, 20), 3 * nbytes(logits)),
@@ -122,7 +122,7 @@ def cases(N, n, d, dtype, device):
 def compiled_for(capability):
     """Inside, a Triton launch compiles its kernel for an NVIDIA GPU of this compute capability and does not run it:
     Triton's driver is one that names that GPU, here or not. Yields the list of (kernel's name, CompiledKernel) that
-    the launches fill."""
+    the launches fill. Once a process: each kernel keeps the target of its first launch (Triton caches it)."""
     from triton.backends.compiler import GPUTarget
     from triton.runtime import driver, jit
 
@@ -170,21 +170,23 @@ STREAMS = {'bfloat16': (torch.bfloat16, 'highest'), 'float16': (torch.float16, '
 
 def compile_all(N, n, d, capability):
     """Every kernel of cases() compiled for capability, for each stream of STREAMS: a Markdown table."""
-    print(f"compiled for compute capability {capability} (not run); {N} tokens x {n} copies x {d}\n\n| kernel | "
-          f"stream | launches | registers | stack, bytes | shared memory, bytes |\n|---|---|---|---|---|---|")
+    print(f"compiled for compute capability {capability} (not run); {N} tokens x {n} copies x {d}\n\n| call | "
+          f"stream | kernel | registers | stack, bytes | shared memory, bytes |\n|---|---|---|---|---|---|")
     previous = torch.get_float32_matmul_precision()
-    for stream, (dtype, arithmetic) in STREAMS.items():
-        torch.set_float32_matmul_precision(arithmetic)
+    try:
         with compiled_for(capability) as launched:
-            for name, (call, _) in cases(N, n, d, dtype, 'cpu').items():
-                if name.startswith('copy'):
-                    continue
-                del launched[:]
-                call()
-                for kernel, compiled in launched:
-                    regs, stack = resources(compiled)
-                    print(f"| {name} | {stream} | {kernel} | {regs} | {stack} | {compiled.metadata.shared} |")
-    torch.set_float32_matmul_precision(previous)
+            for stream, (dtype, arithmetic) in STREAMS.items():
+                torch.set_float32_matmul_precision(arithmetic)
+                for name, (call, _) in cases(N, n, d, dtype, 'cpu').items():
+                    if name.startswith('copy'):
+                        continue
+                    del launched[:]
+                    call()
+                    for kernel, compiled in launched:
+                        regs, stack = resources(compiled)
+                        print(f"| {name} | {stream} | {kernel} | {regs} | {stack} | {compiled.metadata.shared} |")
+    finally:
+        torch.set_float32_matmul_precision(previous)
 
 
 @errors.entry
