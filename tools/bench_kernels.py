@@ -13,8 +13,9 @@ training gives it: mHC with Sinkhorn's mixing, mHC's identity H_res, HC, and a s
 --compile_for=CC compiles every kernel those calls launch, for each stream dtype (float32 with IEEE products, torch's
 default, and with TF32, train.py's on CUDA), for an NVIDIA GPU of compute capability CC (80: A100, 90: H100 and H200)
 with the compiler and ptxas that triton ships, on a machine with no GPU. It prints each one's registers a thread,
-stack frame (a kernel at the 255-register limit spills into it) and shared memory: what Triton's interpreter, which
-runs the tests on a CPU, does not check (it reads globals that a GPU's compiler refuses).
+stack frame (a kernel at the 255-register limit spills into it), shared memory, and whether its products run on
+tensor cores (mma in its PTX): what Triton's interpreter, which runs the tests on a CPU, does not check (it reads
+globals that a GPU's compiler refuses).
 """
 
 import argparse
@@ -170,8 +171,9 @@ STREAMS = {'bfloat16': (torch.bfloat16, 'highest'), 'float16': (torch.float16, '
 
 def compile_all(N, n, d, capability):
     """Every kernel of cases() compiled for capability, for each stream of STREAMS: a Markdown table."""
-    print(f"compiled for compute capability {capability} (not run); {N} tokens x {n} copies x {d}\n\n| call | "
-          f"stream | kernel | registers | stack, bytes | shared memory, bytes |\n|---|---|---|---|---|---|")
+    print(f"compiled for compute capability {capability} (not run); {N} tokens x {n} copies x {d}\n\n"
+          f"| call | stream | kernel | registers | stack, bytes | shared memory, bytes | tensor cores |\n"
+          f"|---|---|---|---|---|---|---|")
     previous = torch.get_float32_matmul_precision()
     try:
         with compiled_for(capability) as launched:
@@ -184,7 +186,9 @@ def compile_all(N, n, d, capability):
                     call()
                     for kernel, compiled in launched:
                         regs, stack = resources(compiled)
-                        print(f"| {name} | {stream} | {kernel} | {regs} | {stack} | {compiled.metadata.shared} |")
+                        cores = 'yes' if re.search(r'\b(wgmma|mma)\.', compiled.asm['ptx']) else 'no'
+                        print(f"| {name} | {stream} | {kernel} | {regs} | {stack} | {compiled.metadata.shared} | "
+                              f"{cores} |")
     finally:
         torch.set_float32_matmul_precision(previous)
 

@@ -30,5 +30,5 @@ def test_every_kernel_compiles_for_an_h100(tmp_path):
     calls = {row[0] for row in rows}
     assert len(calls) == 13 and {(row[0], row[1]) for row in rows} == {(c, s) for c in calls for s in STREAMS}
     assert {row[2] for row in rows} == {name for name in dir(kernels) if name.endswith('_kernel')}  # each one launched
-    for call, stream, kernel, registers, stack, shared in rows:
+    for call, stream, kernel, registers, stack, shared, cores in rows:
         assert int(shared) <= SMALLEST_SHARED, (call, stream, kernel, shared)

@@ -18,7 +18,8 @@ from orthogpt import hc_kernels  # noqa: E402
 
 capability = int(sys.argv[1])
 stages = hc_kernels.stages
-print('| capability | stream | call | variant | registers | stack, bytes | shared memory, bytes |\n|---|---|---|---|---|---|---|')
+print('| capability | stream | call | variant | registers | stack, bytes | shared memory, bytes |\n'
+      '|---|---|---|---|---|---|---|')
 with bench_kernels.compiled_for(capability) as launched:
     launch = jit.KernelInterface.__getitem__  # compiles, and runs nothing
     three_stages = ('3 stages', lambda: setattr(hc_kernels, 'stages', lambda H: 3))
