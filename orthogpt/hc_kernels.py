@@ -21,6 +21,7 @@ and CUDA graphs take whole."""
 
 import os
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -40,6 +41,17 @@ NONE_, RMS_, LAYERNORM_ = map(tl.constexpr, (NONE, RMS, LAYERNORM))
 
 def interpreting():  # Triton's interpreter, which runs the kernels on CPU tensors (tests)
     return os.environ.get('TRITON_INTERPRET') == '1'
+
+
+def interpreter_fault():
+    """Why Triton's interpreter cannot run the kernels beside this numpy, or None: before Triton 3.7 it reads a loop's
+    integer bound as int() of a one-element array, which numpy 2.4 refuses (torch 2.11's CUDA build pins Triton 3.6)."""
+    version = lambda v: tuple(int(x) for x in v.split('.')[:2])  # noqa: E731
+    if version(triton.__version__) < (3, 7) and version(np.__version__) >= (2, 4):
+        return (f"Triton {triton.__version__}'s interpreter cannot run the kernels beside numpy {np.__version__} (it "
+                f"takes int() of one-element arrays, which numpy 2.4 refuses): pip install 'triton>=3.7' or "
+                f"'numpy<2.4'")
+    return None
 
 
 def pow2(x, least=1):
@@ -623,6 +635,8 @@ class Fused:
         if self.strict and x.device.type != 'cuda' and not interpreting():
             raise ValueError(f"hc_kernels='triton' runs on CUDA GPUs, not {x.device.type} (on a CPU under Triton's "
                              f"interpreter, TRITON_INTERPRET=1, slowly: for tests); use hc_kernels='auto' or 'torch'")
+        if self.strict and x.device.type != 'cuda' and interpreter_fault():
+            raise ValueError(interpreter_fault())
         return ok and (x.is_cuda or self.strict)
 
     def prepare(self, rule, x):

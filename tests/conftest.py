@@ -48,6 +48,17 @@ def small_gpt_config(**keys):
 
 
 @pytest.fixture(scope='session')
+def kernel_device():
+    """Where the fused kernels' tests run them: on the CPU under Triton's interpreter (TRITON_INTERPRET=1, the
+    default above), or, with TRITON_INTERPRET=0, compiled on the CUDA GPU (tools/suite.py's kernel_check stage)."""
+    if os.environ['TRITON_INTERPRET'] == '1':
+        return 'cpu'
+    if not torch.cuda.is_available():
+        pytest.skip("TRITON_INTERPRET=0 runs the kernels compiled on a CUDA GPU, and this machine has none")
+    return 'cuda'
+
+
+@pytest.fixture(scope='session')
 def gpt_config():
     """gpt_config(**keys): small_gpt_config."""
     return small_gpt_config

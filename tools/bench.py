@@ -218,9 +218,14 @@ def bench(base, configs, env, args):
 
 def time_steps(runners, args):
     """{variant: seconds per iteration in each round}: warmup, then interleaved rounds."""
-    for r in runners.values():
+    for v, r in runners.items():
+        t0 = time.perf_counter()
         for _ in range(args.warmup):
             r.step()
+        r.sync()
+        if r.run.env.master:  # as it goes: a run stopped at a time limit still shows how far it got
+            print(f"{v}: warmed up ({args.warmup} iterations{', compiled in the first' if args.compile else ''}) in "
+                  f"{time.perf_counter() - t0:.1f} s", flush=True)
     times = {v: [] for v in runners}
     for _ in range(args.repeats):
         for v, r in runners.items():

@@ -5,6 +5,8 @@
 
 Each stage runs in its own process with a time limit and writes OUT/<stage>.md; OUT/suite.md
 gathers them, each with its command and wall time, in the form the docs' GPU sections copy.
+  kernel_check         the fused kernels' tests (tests/unit/test_hc_kernels.py) compiled on the GPU rather than
+                       interpreted on a CPU: their values and gradients against the rules', before any stage times them
   step_ddp, step_fsdp  tools/bench.py at the GPT-2 124M shape (config/gpt2_124m_add.py; 8 micro-steps of
                        12 x 1024 tokens), every variant, compiled, under torchrun on one GPU as DDP
                        and as FSDP: ms/iter, tokens/s, MFU and peak memory. The batch is random
@@ -12,6 +14,8 @@ gathers them, each with its command and wall time, in the form the docs' GPU sec
                        no download.
   profile              a torch.profiler trace of the additive step (OUT/profile/additive.json) and
                        its top kernels with their share of the step (OUT/profile/additive.md)
+  microbatch           the additive step of step_ddp (98,304 tokens) in micro-batches of 12, 24 and 48 sequences, one
+                       process: which fills the GPU best (MFU), and its peak memory
   kernels              tools/bench.py at the GPT-2 124M shape, one micro-step of 12 x 1024 tokens, compiled: the
                        wide streams on their fused Triton kernels (HC, mHC with each H_res constraint) and on the
                        rules' own PyTorch (HC, mHC), against additive, with MFU, peak memory and the
@@ -40,7 +44,7 @@ gathers them, each with its command and wall time, in the form the docs' GPU sec
                        its runs save and stop; the next --stages=miniseries call goes on from them (finished runs
                        kept) until its table appears. With no shards at --bpe_data it is skipped, saying so.
 The stage limits add up to more than one command may run on a lent machine (10 minutes): run the stages in
-calls of their own, each within it: --stages=kernels,kernel_bw (8 minutes), --stages=step_ddp,profile,
+calls of their own, each within it: --stages=kernel_check,kernels,kernel_bw (9.5 minutes), --stages=step_ddp,profile,microbatch,
 --stages=step_fsdp, --stages=generate,decode,decode_gpt2, --stages=shakespeare, --stages=miniseries. Beside each OUT/<stage>.md
 lies OUT/<stage>.log, everything the stage printed.
 At its limit a stage gets SIGTERM (training runs save a checkpoint and stop), and SIGKILL 45 s later (GRACE).
@@ -70,8 +74,9 @@ SERIES = ('add', 'ortho', 'rot', 'ngpt', 'hc', 'mhc')  # the miniseries' rules: 
 TINY = ['config/owt_smoke.py', '--n_layer=1', '--n_head=2', '--n_embd=16', '--block_size=16', '--batch_size=2',
         '--gradient_accumulation_steps=1', '--device=cpu']
 # seconds: step_ddp's, profile's and generate's from their times on an H100 (docs/performance.md), the rest estimates
-LIMITS = {'kernels': 420, 'kernel_bw': 60, 'step_ddp': 420, 'step_fsdp': 420, 'profile': 120, 'generate': 360,
-          'decode': 100, 'decode_gpt2': 80, 'shakespeare': 590, 'miniseries': 540}  # kernels to decode_gpt2: estimates
+LIMITS = {'kernel_check': 90, 'kernels': 420, 'kernel_bw': 60, 'step_ddp': 420, 'step_fsdp': 420, 'profile': 120,
+          'microbatch': 240, 'generate': 360, 'decode': 100, 'decode_gpt2': 80, 'shakespeare': 590,
+          'miniseries': 540}  # estimates: kernel_check to kernel_bw, microbatch, decode to miniseries
 GRACE = 45  # seconds from a stage's SIGTERM at its limit to SIGKILL
 
 
@@ -114,13 +119,19 @@ def stages(out, smoke, shakespeare_data, bpe_data='data/fineweb-edu'):
     sh_data = [f'--data_dir={shakespeare_data}'] if shakespeare_data else []
     # compiled on a GPU; the smoke run decodes eagerly, as compiling on a CPU takes minutes (tests/e2e/test_compile.py)
     decode = ['--sample', '--repeats=3', *(['--sample_tokens=8'] if smoke else ['--sample_tokens=500', '--compile'])]
+    sequences, micro = (4, (2, 4)) if smoke else (96, (12, 24, 48))  # a step's, in micro-batches of each size
     runs = ['--max_iters=4', '--eval_interval=2', '--eval_iters=2', '--batch_size=2', '--compile=False'] if smoke else \
         ['--max_iters=1000', '--lr_decay_iters=5000', '--eval_interval=250']
     return {
+        # the smoke run takes one test (the CPU suite runs them all); on a GPU, 4 processes compile their kernels
+        'kernel_check': [*py, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', 'tests/unit/test_hc_kernels.py',
+                         *(['-k', 'sinkhorn_per_token'] if smoke else ['-n', '4'])],
         'step_ddp': [*torchrun, 'tools/bench.py', *shape, *data, *timing, '--parallel=ddp'],
         'step_fsdp': [*torchrun, 'tools/bench.py', *shape, *data, *timing, '--parallel=fsdp'],
         'profile': [*py, 'tools/bench.py', *shape, *data, *timing, '--variants=additive',
                     f'--profile={os.path.join(out, "profile")}'],
+        'microbatch': [*py, 'tools/bench.py', *shape, *data, *timing, '--variants=' + ','.join(
+            f'additive:batch_size={b}:gradient_accumulation_steps={sequences // b}' for b in micro)],
         'kernels': [*py, 'tools/bench.py', *shape, *([] if smoke else ['--gradient_accumulation_steps=1']), *data,
                     *timing, f"--variants={','.join(WIDE)}"],
         'kernel_bw': [*py, 'tools/bench_kernels.py', *(['--smoke'] if smoke else [])],
@@ -158,7 +169,7 @@ def run_stage(name, argv, out, limit, env=None):
         f.write(text)
     keep = [line for line in text.splitlines() if line.startswith(('|', 'cpu', 'cuda', 'wrote', '`', 'kernels', 'operators',
                                                                    '- `', 'miniseries interrupted')) or
-            re.match(r'\[\d+\] ', line) or status != 'ok' and 'rror' in line]
+            re.match(r'\[\d+\] |FAILED |\d+ (passed|failed)', line) or status != 'ok' and 'rror' in line]
     with open(os.path.join(out, f'{name}.md'), 'w') as f:
         f.write('\n'.join(keep) + '\n')
     return status, time.perf_counter() - t0
@@ -187,8 +198,9 @@ def main(argv=None):
             print(f"{name}: {commands[name]}")
             report += [f"## {name}", '', commands[name], '']
             continue
+        # the kernels interpreted on a CPU, compiled on a GPU (the tests' default is the interpreter)
         status, seconds = run_stage(name, commands[name], args.out, LIMITS[name] * (4 if args.smoke else 1),
-                                    dict(os.environ, TRITON_INTERPRET='1') if args.smoke else None)  # kernels on a CPU
+                                    dict(os.environ, TRITON_INTERPRET='1' if args.smoke else '0'))
         print(f"{name}: {status}, {seconds:.0f} s")
         with open(os.path.join(args.out, f'{name}.md')) as f:
             report += [f"## {name}", '', f"`{' '.join(commands[name][1:])}`: {status}, {seconds:.0f} s", '', f.read()]

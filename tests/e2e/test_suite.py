@@ -16,6 +16,7 @@ def test_the_smoke_suite_writes_every_table(tmp_path, char_data, capsys, tables)
     suite.main(['--smoke', f'--out={out}', f'--shakespeare_data={char_data}'])
     printed = capsys.readouterr().out
     assert all(f"{stage}: ok" in printed for stage in suite.LIMITS), printed
+    assert (out / 'kernel_check.md').read_text().startswith('1 passed')  # the kernels' tests, here interpreted
     variants = [*RESIDUALS, *(k for k, f in QKV_MAPS.items() if f is not None)]
     tokens = 2 * 16  # batch 2 x block 16 a step
     for stage in ('step_ddp', 'step_fsdp'):
@@ -25,6 +26,10 @@ def test_the_smoke_suite_writes_every_table(tmp_path, char_data, capsys, tables)
             assert tables.number(tok_s) == pytest.approx(tokens / (tables.number(ms) / 1e3), rel=0.05)
     assert 'FSDP' in (out / 'step_fsdp.md').read_text() and 'FSDP' not in (out / 'step_ddp.md').read_text()
     assert os.path.getsize(out / 'profile' / 'additive.json') > 1000
+    micro = tables.cells((out / 'microbatch.md').read_text())  # 4 sequences a step, 2 x 2 and 4 x 1
+    assert list(micro) == [f'additive:batch_size={b}:gradient_accumulation_steps={4 // b}' for b in (2, 4)]
+    assert [tables.number(tok_s) for _, _, _, tok_s, *_ in micro.values()] == pytest.approx(
+        [4 * 16 / (tables.number(ms) / 1e3) for _, ms, *_ in micro.values()], rel=0.05)
     operators = tables.cells((out / 'profile' / 'additive.md').read_text())
     assert len(operators) == 15 and 0 < sum(tables.number(share) for _, _, share in operators.values()) <= 100.5
     speeds = tables.cells((out / 'generate.md').read_text())
