@@ -39,6 +39,7 @@ from dataclasses import replace
 from statistics import median_high as median  # a value that was measured, never an average of two
 
 import torch
+from torch._dynamo.utils import counters
 from torch.autograd import DeviceType
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
@@ -313,6 +314,9 @@ def bench_sampling(runners, args):
             cells += [f"{rate['compiled']:,.0f}", f"{rate['compiled'] / rate['cached']:.1f}x",
                       f"{first[v, 'compiled'] - median(times[v, 'compiled']):.1f}"]
         print(f"| {v} | {' | '.join(cells)} |")
+    if args.compile and r0.run.env.device_type == 'cuda':  # inductor skips a CUDA graph silently, for a slower step
+        skips = counters['inductor']['cudagraph_skips']
+        print(f"- `compiled`: CUDA graphs skipped {skips} times" + (" (TORCH_LOGS=cudagraphs says why)" if skips else ""))
 
 
 def update(rule, x, u, g):
