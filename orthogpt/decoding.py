@@ -7,6 +7,8 @@ As in gpt-fast (pytorch-labs/gpt-fast): buffers of fixed shape written at a posi
 sync, and one compiled graph for the step, which a CUDA graph replays on a GPU (torch.compile's 'reduce-overhead').
 """
 
+from contextlib import nullcontext
+
 import torch
 from torch.nn.utils import parametrize
 
@@ -53,7 +55,11 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, generator=
     `shift` at a time (1: nanoGPT's sliding window; default block_size // 4). use_cache: one DecodeState for the whole
     generation, into which each window is read once, then each new token alone; use_cache=False reads the whole
     window for every token (the same tokens, up to rounding). compile: that one-token step compiled (`compiled`);
-    its first call compiles it, and later generations with the model reuse it."""
+    its first call compiles it, and later generations with the model reuse it. Each generation's first compiled step
+    runs all of dynamo's guards (a model or state it has not met compiles anew there); the steps after it, whose
+    inputs differ from it only in their values, run only the guards that tell the graphs compiled so far apart
+    (torch.compiler.set_stance's skip_guard_eval_unsafe: about a thousand checks of the model's modules, 12% of a
+    token on the 2-core CPU of docs/performance.md)."""
     (B, T), block = idx.shape, model.config.block_size
     shift = max(1, block // 4) if shift is None else shift
     if not 1 <= shift <= block:
@@ -63,6 +69,7 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, generator=
         out = torch.cat([idx, idx.new_empty(B, max_new_tokens)], 1)  # every token, read back once at the end
         last = idx.new_empty(B, 1)  # the step's input, of one stride whatever out's length (no recompile)
         state, start, fresh = DecodeState(block, idx.device) if use_cache else None, 0, True
+        checked = False  # whether this generation's first compiled step ran, with all the guards
         for t in range(T, T + max_new_tokens):
             noise = torch.empty(B, model.config.vocab_size, device=idx.device).exponential_(generator=generator)
             if t - start > block:  # the window moves on
@@ -74,5 +81,7 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, generator=
                 if compile and state is not None:
                     static(state)
             else:  # the last token alone, at the state's position
-                out[:, t] = one(model, last.copy_(out[:, t - 1:t]), noise, state, temperature, top_k)
+                with torch.compiler.set_stance(skip_guard_eval_unsafe=True) if checked else nullcontext():
+                    out[:, t] = one(model, last.copy_(out[:, t - 1:t]), noise, state, temperature, top_k)
+                checked = compile
     return out.clone()  # outside inference mode: usable in autograd

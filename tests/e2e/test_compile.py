@@ -94,3 +94,22 @@ def test_compiled_generation_draws_the_same_tokens(gpt_config, no_recompiles):
     assert torch.equal(compiled, run()) and torch.equal(compiled, run(use_cache=False))
     assert torch.equal(run(compile=True), compiled)
     assert torch.equal(run(prompt[:, :2], 40, compile=True), run(prompt[:, :2], 40))
+
+
+def test_several_models_decoded_in_turn_through_the_compiled_step_each_draw_their_own_tokens(gpt_config):
+    """Three models through the one compiled step in turn, twice: two of the additive rule (other weights, one graph)
+    and one of the rotation rule (a graph of its own). Each generation's first compiled step runs every guard, the
+    steps after it only those that tell the graphs apart (decoding.generate): each model still draws the tokens that
+    its eager step draws."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    models = [GPT(gpt_config(**keys)).eval() for keys in (dict(), dict(residual='rotation'), dict())]
+    prompt = torch.randint(11, (1, 3))
+
+    def run(model, **how):
+        return decoding.generate(model, prompt, 24, top_k=8, generator=torch.Generator().manual_seed(3), **how)
+    eager = [run(m) for m in models]
+    assert not torch.equal(eager[0], eager[2])  # the two additive models differ
+    for _ in range(2):
+        for model, tokens in zip(models, eager):
+            assert torch.equal(run(model, compile=True), tokens)
