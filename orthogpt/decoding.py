@@ -58,8 +58,8 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, generator=
     its first call compiles it, and later generations with the model reuse it. Each generation's first compiled step
     runs all of dynamo's guards (a model or state it has not met compiles anew there); the steps after it, whose
     inputs differ from it only in their values, run only the guards that tell the graphs compiled so far apart
-    (torch.compiler.set_stance's skip_guard_eval_unsafe: about a thousand checks of the model's modules, 12% of a
-    token on the 2-core CPU of docs/performance.md)."""
+    (torch.compiler.set_stance's skip_guard_eval_unsafe: about a thousand checks of the model's modules, 4-26% of a
+    token's time on the 2-core CPU of docs/performance.md)."""
     (B, T), block = idx.shape, model.config.block_size
     shift = max(1, block // 4) if shift is None else shift
     if not 1 <= shift <= block:

@@ -28,7 +28,7 @@ def test_every_kernel_compiles_for_an_h100(tmp_path):
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
     rows = [line.strip('| ').split(' | ') for line in done.stdout.splitlines() if line.startswith('| ')][1:]
-    calls = [c for c in bench_kernels.cases(20, 3, 72, torch.float32, 'cpu') if not c.startswith('copy')]  # interpreted
+    calls = [c for c in bench_kernels.cases(20, 3, 72, torch.float32, 'cpu') if not c.startswith('copy')]  # (it runs reads)
     assert {(row[0], row[1]) for row in rows} == {(c, s) for c in calls for s in bench_kernels.STREAMS}
     assert {row[2] for row in rows} == {name for name in dir(kernels) if name.endswith('_kernel')}  # each one launched
     for call, stream, kernel, registers, stack, shared, cores in rows:
