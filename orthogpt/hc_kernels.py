@@ -635,8 +635,9 @@ class Fused:
         if self.strict and x.device.type != 'cuda' and not interpreting():
             raise ValueError(f"hc_kernels='triton' runs on CUDA GPUs, not {x.device.type} (on a CPU under Triton's "
                              f"interpreter, TRITON_INTERPRET=1, slowly: for tests); use hc_kernels='auto' or 'torch'")
-        if self.strict and x.device.type != 'cuda' and interpreter_fault():
-            raise ValueError(interpreter_fault())
+        fault = interpreter_fault() if self.strict and x.device.type != 'cuda' else None
+        if fault:
+            raise ValueError(fault)
         return ok and (x.is_cuda or self.strict)
 
     def prepare(self, rule, x):

@@ -216,8 +216,9 @@ def main(argv=None):
         raise UserError("the kernels run on a CUDA GPU and this machine has none; --smoke runs the script at tiny "
                         "shapes on a CPU under Triton's interpreter")
     from orthogpt.hc_kernels import interpreter_fault
-    if args.smoke and interpreter_fault():
-        raise UserError(interpreter_fault())
+    fault = interpreter_fault() if args.smoke else None
+    if fault:
+        raise UserError(fault)
     N, n, d = (20, 3, 72) if args.smoke else (args.tokens, args.copies, args.n_embd)
     repeats, warmup = (1, 1) if args.smoke else (args.repeats, args.warmup)
     dtype = getattr(torch, args.dtype)
