@@ -30,8 +30,7 @@ gathers them, each with its command and wall time, in the form the docs' GPU sec
                        x {standard, gated MLP (the same parameters)} x {AdamW, Muon}, the CPU recipe's grid at the paper's
                        scale, to iteration 1000 on the full run's schedule (lr_decay_iters 5000),
                        six at a time on the one GPU; the paper's best val loss lies near iteration
-                       750. Tiny Shakespeare must be prepared or at data/shakespeare_char/input.txt
-                       (a lent GPU machine has no network). The smoke run takes the first two rules of the grid:
+                       750. The smoke run takes the first two rules of the grid:
                        each run is a process, whose start is most of its time on a CPU (tests/unit/test_optim.py
                        steps every rule of the grid in one process).
   miniseries           tools/miniseries.py: the CPU scaling miniseries' rules (config/shakespeare_<rule>.py:
@@ -43,6 +42,9 @@ gathers them, each with its command and wall time, in the form the docs' GPU sec
                        by that count (not measured) 30 to 45 min of an H100: longer than one call. At its limit
                        its runs save and stop; the next --stages=miniseries call goes on from them (finished runs
                        kept) until its table appears. With no shards at --bpe_data it is skipped, saying so.
+generate, decode and shakespeare read Tiny Shakespeare (--shakespeare_data, default data/shakespeare_char), prepared
+there from its input.txt or the download before any stage runs; where neither is at hand they are skipped, saying so.
+A lent GPU machine has no network and gets no ignored file unless it is carried: carry data/shakespeare_char/input.txt.
 The stage limits add up to more than one command may run on a lent machine (10 minutes): run the stages in
 calls of their own, each within it: --stages=kernel_check,kernels,kernel_bw (9.5 minutes), --stages=step_ddp,profile,microbatch,
 --stages=step_fsdp, --stages=generate,decode,decode_gpt2, --stages=shakespeare, --stages=miniseries. Beside each OUT/<stage>.md
@@ -63,7 +65,7 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository, where the stages run
 sys.path.insert(0, ROOT)
-from orthogpt import errors, shards, windows  # noqa: E402
+from orthogpt import chars, errors, shards, windows  # noqa: E402
 from orthogpt.errors import UserError  # noqa: E402
 
 GPT2 = ['config/gpt2_124m_add.py', '--gradient_accumulation_steps=8']
@@ -89,6 +91,19 @@ def random_tokens(folder, n=1 << 20, seed=0):
     return folder
 
 
+def tiny_shakespeare(folder):
+    """None where Tiny Shakespeare is prepared in folder (preparing it from its input.txt, or the download, if it is
+    not yet), else why the stages that read it are skipped."""
+    try:
+        if not os.path.isfile(os.path.join(folder, 'meta.json')):  # written last: the preparation finished
+            chars.prepare(None, folder)
+    except UserError as e:
+        return (f"skipped: no Tiny Shakespeare in {folder} ({str(e).splitlines()[0]}); put its input.txt there (a "
+                f"lent GPU machine has no network: carry data/shakespeare_char/input.txt), or name a folder with "
+                f"--shakespeare_data=DIR")
+    return None
+
+
 def miniseries(out, smoke, bpe_data):
     """The miniseries stage's argv: six rules on GPT-2 BPE tokens at depths 2-5, or (smoke) two rules
     at tiny sizes on random tokens; a string saying why not where bpe_data holds no token shards."""
@@ -108,14 +123,16 @@ def miniseries(out, smoke, bpe_data):
             f'--out={os.path.join(out, "miniseries")}', *sizes]
 
 
-def stages(out, smoke, shakespeare_data, bpe_data='data/fineweb-edu'):
+def stages(out, smoke, shakespeare_data, bpe_data='data/fineweb-edu', chosen=LIMITS):
     """{stage: argv, or why it is skipped}: the commands of the suite, at the GPT-2 shape or (smoke) at
-    tiny ones."""
+    tiny ones; Tiny Shakespeare prepared where a chosen stage reads it."""
     py, torchrun = [sys.executable], [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=1']
     data = [f'--data_dir={random_tokens(os.path.join(out, "data"))}', '--dataset=randtok']
     shape = TINY if smoke else [*GPT2, '--compile']
     timing = ['--steps=1', '--repeats=2', '--warmup=1'] if smoke else ['--steps=2', '--repeats=5', '--warmup=2']
     small = ['--device=cpu', '--n_layer=1', '--n_head=2', '--n_embd=16', '--block_size=16'] if smoke else []
+    no_text = tiny_shakespeare(shakespeare_data or os.path.join(ROOT, 'data', 'shakespeare_char')) if {
+        'generate', 'decode', 'shakespeare'} & set(chosen) else None
     sh_data = [f'--data_dir={shakespeare_data}'] if shakespeare_data else []
     # compiled on a GPU; the smoke run decodes eagerly, as compiling on a CPU takes minutes (tests/e2e/test_compile.py)
     decode = ['--sample', '--repeats=3', *(['--sample_tokens=8'] if smoke else ['--sample_tokens=500', '--compile'])]
@@ -135,15 +152,17 @@ def stages(out, smoke, shakespeare_data, bpe_data='data/fineweb-edu'):
         'kernels': [*py, 'tools/bench.py', *shape, *([] if smoke else ['--gradient_accumulation_steps=1']), *data,
                     *timing, f"--variants={','.join(WIDE)}"],
         'kernel_bw': [*py, 'tools/bench_kernels.py', *(['--smoke'] if smoke else [])],
-        'generate': [*py, 'tools/bench.py', 'config/shakespeare_add.py', *small, *sh_data, '--sample', '--repeats=1',
-                     f"--sample_tokens={8 if smoke else 500}"],
-        'decode': [*py, 'tools/bench.py', 'config/shakespeare_add.py', *small, *sh_data, *decode, '--variants=additive,mhc'],
+        'generate': no_text or [*py, 'tools/bench.py', 'config/shakespeare_add.py', *small, *sh_data, '--sample',
+                                '--repeats=1', f"--sample_tokens={8 if smoke else 500}"],
+        'decode': no_text or [*py, 'tools/bench.py', 'config/shakespeare_add.py', *small, *sh_data, *decode,
+                              '--variants=additive,mhc'],
         'decode_gpt2': [*py, 'tools/bench.py', *(TINY if smoke else ['config/gpt2_124m_add.py']), *data, *decode,
                         '--variants=additive'],
-        'shakespeare': [*py, 'tools/compare.py', *(f'config/shakespeare_{v}.py' for v in (RULES[:2] if smoke else RULES)),
-                        '--set', 'mlp=standard,gated', '--set', 'optimizer=adamw,muon', '--mlp_ratio=None',
-                        '--seeds=1', f"--nproc={2 if smoke else 6}", f'--out={os.path.join(out, "shakespeare")}',
-                        *small, *sh_data, *runs],
+        'shakespeare': no_text or [*py, 'tools/compare.py',
+                                   *(f'config/shakespeare_{v}.py' for v in (RULES[:2] if smoke else RULES)),
+                                   '--set', 'mlp=standard,gated', '--set', 'optimizer=adamw,muon',
+                                   '--mlp_ratio=None', '--seeds=1', f"--nproc={2 if smoke else 6}",
+                                   f'--out={os.path.join(out, "shakespeare")}', *small, *sh_data, *runs],
         'miniseries': miniseries(out, smoke, bpe_data),
     }
 
@@ -192,8 +211,9 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     machine = torch.cuda.get_device_name() if torch.cuda.is_available() and not args.smoke else 'CPU (smoke)'
     report = [f"# GPU suite: {machine}, torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M')}", '']
-    commands = stages(args.out, args.smoke, args.shakespeare_data, args.bpe_data)
-    for name in args.stages.split(','):
+    chosen = args.stages.split(',')
+    commands = stages(args.out, args.smoke, args.shakespeare_data, args.bpe_data, chosen)
+    for name in chosen:
         if isinstance(commands[name], str):  # skipped, saying why
             print(f"{name}: {commands[name]}")
             report += [f"## {name}", '', commands[name], '']

@@ -8,6 +8,7 @@ import os
 import pytest
 
 from model import QKV_MAPS, RESIDUALS
+from orthogpt import chars
 from tools import suite
 
 
@@ -54,3 +55,23 @@ def test_the_miniseries_stage_without_token_shards_is_skipped_saying_how_to_prep
     assert why.startswith('skipped: ') and 'python data/prepare_text.py --dataset fineweb-edu' in why
     argv = suite.stages(str(tmp_path), True, None)['miniseries']
     assert argv[1] == 'tools/miniseries.py' and '--depths=1,2,3' in argv
+
+
+def test_the_stages_that_read_tiny_shakespeare_are_skipped_without_it_saying_what_to_carry(tmp_path, monkeypatch,
+                                                                                            capsys, tiny_text):
+    """A lent GPU machine has no network and none of the repository's ignored files: the stages that read Tiny
+    Shakespeare say so and what to do, at once, and the others run. Injected: a download address that refuses."""
+    monkeypatch.setattr(chars, 'URL', 'http://127.0.0.1:9/input.txt')
+    text = tmp_path / 'text'
+    text.mkdir()
+    suite.main(['--smoke', f'--out={tmp_path / "out"}', f'--shakespeare_data={text}', '--stages=decode,decode_gpt2'])
+    printed = capsys.readouterr().out
+    assert f"decode: skipped: no Tiny Shakespeare in {text} (could not download Tiny Shakespeare" in printed
+    assert 'carry data/shakespeare_char/input.txt' in printed and '--shakespeare_data=DIR' in printed
+    assert 'decode_gpt2: ok' in printed
+    commands = suite.stages(str(tmp_path / 'out'), True, str(text), chosen=['generate'])
+    assert all(commands[s].startswith('skipped: ') for s in ('generate', 'decode', 'shakespeare'))
+    assert suite.stages(str(tmp_path / 'out'), True, str(text), chosen=['kernel_bw'])['decode'][1] == 'tools/bench.py'
+    (text / 'input.txt').write_text(tiny_text, encoding='utf-8')  # with its text, prepared before any stage runs
+    assert suite.stages(str(tmp_path / 'out'), True, str(text), chosen=['decode'])['decode'][1] == 'tools/bench.py'
+    assert json.loads((text / 'meta.json').read_text())['vocab_size'] == len(set(tiny_text))
