@@ -95,7 +95,7 @@ def tiny_shakespeare(folder):
     """None where Tiny Shakespeare is prepared in folder (preparing it from its input.txt, or the download, if it is
     not yet), else why the stages that read it are skipped."""
     try:
-        if not os.path.isfile(os.path.join(folder, 'meta.json')):  # written last: the preparation finished
+        if not (windows.find(folder) and os.path.isfile(os.path.join(folder, 'meta.json'))):  # as train.py asks
             chars.prepare(None, folder)
     except UserError as e:
         return (f"skipped: no Tiny Shakespeare in {folder} ({str(e).splitlines()[0]}); put its input.txt there (a "
@@ -123,7 +123,7 @@ def miniseries(out, smoke, bpe_data):
             f'--out={os.path.join(out, "miniseries")}', *sizes]
 
 
-def stages(out, smoke, shakespeare_data, bpe_data='data/fineweb-edu', chosen=LIMITS):
+def stages(out, smoke, shakespeare_data, bpe_data='data/fineweb-edu', chosen=()):
     """{stage: argv, or why it is skipped}: the commands of the suite, at the GPT-2 shape or (smoke) at
     tiny ones; Tiny Shakespeare prepared where a chosen stage reads it."""
     py, torchrun = [sys.executable], [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=1']
@@ -203,6 +203,8 @@ def main(argv=None):
     p.add_argument('--shakespeare_data', default=None, help='a folder with Tiny Shakespeare (default data/shakespeare_char)')
     p.add_argument('--bpe_data', default='data/fineweb-edu', help='GPT-2 token shards for the miniseries stage')
     args = p.parse_args(argv)
+    args.out = os.path.abspath(args.out)  # the stages run in the repository, the paths given are the caller's
+    args.shakespeare_data = args.shakespeare_data and os.path.abspath(args.shakespeare_data)
     unknown = set(args.stages.split(',')) - set(LIMITS)
     if unknown:
         raise UserError(f"unknown stage(s) {sorted(unknown)}; choose from {', '.join(LIMITS)}")

@@ -1,6 +1,6 @@
 """tools/suite.py --smoke: every stage of the GPU suite runs on the CPU at tiny shapes and writes a
 table whose numbers agree with one another; a miniseries stage without its token shards is skipped,
-saying so."""
+saying so, and so are the stages that read Tiny Shakespeare without it."""
 
 import json
 import os
@@ -75,3 +75,6 @@ def test_the_stages_that_read_tiny_shakespeare_are_skipped_without_it_saying_wha
     (text / 'input.txt').write_text(tiny_text, encoding='utf-8')  # with its text, prepared before any stage runs
     assert suite.stages(str(tmp_path / 'out'), True, str(text), chosen=['decode'])['decode'][1] == 'tools/bench.py'
     assert json.loads((text / 'meta.json').read_text())['vocab_size'] == len(set(tiny_text))
+    (text / 'train.bin').unlink()  # half a preparation: prepared again, as train.py would
+    assert suite.stages(str(tmp_path / 'out'), True, str(text), chosen=['decode'])['decode'][1] == 'tools/bench.py'
+    assert (text / 'train.bin').stat().st_size == 2 * int(0.9 * len(tiny_text))
