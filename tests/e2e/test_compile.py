@@ -1,9 +1,12 @@
 """torch.compile on every variant: training's forward and backward in one graph, decoding's step
-through the fixed-shape state in one graph compiled once, and generation with the default compiler."""
+through the fixed-shape state in one graph compiled once, generation with the default compiler, and
+train.py's compiled loop traced once for training and once for evaluation."""
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
+import train
 from model import GPT, DecodeState
 from orthogpt import decoding
 from orthogpt.maps import maps_held
@@ -113,3 +116,25 @@ def test_several_models_decoded_in_turn_through_the_compiled_step_each_draw_thei
     for _ in range(2):
         for model, tokens in zip(models, eager):
             assert torch.equal(run(model, compile=True), tokens)
+
+
+@pytest.mark.parametrize('variant', [
+    ['--residual=orthogonal', '--ortho_prob=0.5', '--dropout=0.1'], ['--residual=mhc', '--qkv=exp'],
+    ['--residual=ngpt'], ['--residual=rotation', '--optimizer=muon', '--qkv=cayley']],
+    ids=['orthogonal-dropout', 'mhc-exp', 'ngpt', 'rotation-muon-cayley'])
+def test_compiled_training_traces_once_for_training_and_once_for_evaluation(variant, tiny, char_data, tmp_path, logs,
+                                                                              monkeypatch):
+    """train.py's compiled model (the default on CUDA) over 8 iterations of 2 micro-steps and 5 evaluations: dynamo
+    traces two graphs, training's and evaluation's (grad mode off), and never again, as a step that recompiled would
+    run slower or, past dynamo's cache limit, eagerly; the losses are the uncompiled loop's. Dynamo's eager backend
+    stands for inductor, whose compile takes minutes on a CPU: recompiles are dynamo's, whatever the backend."""
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, 'compile', lambda model, **kw: compile_(model, backend='eager', **kw))
+    args = ['config/shakespeare_add.py', *tiny, f'--data_dir={char_data}', '--max_iters=8', '--eval_interval=2',
+            '--gradient_accumulation_steps=2', *variant]
+    torch._dynamo.reset()
+    counters.clear()
+    train.main([*args, '--compile=True', f'--out_dir={tmp_path / "compiled"}'])
+    assert counters['stats']['unique_graphs'] == 2
+    train.main([*args, f'--out_dir={tmp_path / "eager"}'])
+    assert logs.losses(tmp_path / 'compiled') == logs.losses(tmp_path / 'eager')
