@@ -11,6 +11,7 @@ import urllib.request
 
 import numpy as np
 
+from orthogpt import windows
 from orthogpt.errors import UserError
 from orthogpt.files import write_bytes, write_text
 
@@ -35,6 +36,11 @@ def read_text(input_path, out_dir):
         write_text(local, text)
     with open(local, encoding='utf-8') as f:
         return f.read()
+
+
+def prepared(out_dir):
+    """Whether out_dir holds a finished preparation: its token files, and meta.json (written last)."""
+    return bool(windows.find(out_dir)) and os.path.isfile(os.path.join(out_dir, 'meta.json'))
 
 
 def prepare(input_path, out_dir):

@@ -95,7 +95,7 @@ class LanguageTask(Task):
                        f"python data/prepare_text.py --dataset {cfg.dataset}  (local files: --files PATTERN "
                        f"--name {cfg.dataset})")
         meta_path = os.path.join(folder, 'meta.json')
-        if char and not (windows.find(folder) and os.path.exists(meta_path)):
+        if char and not chars.prepared(folder):
             on_master_first(lambda: chars.prepare(None, folder), rank, world)
         found = windows.find(folder)
         if found is None:

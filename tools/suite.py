@@ -73,6 +73,7 @@ RULES = ('add', 'ortho', 'rot', 'ngpt', 'hc', 'mhc', 'mhc_identity', 'mhc_lite',
 WIDE = ('additive', 'hc:hc_kernels=torch', 'hc:hc_kernels=triton', 'mhc:hc_kernels=torch', 'mhc:hc_kernels=triton',
         *(f'mhc:mhc_res={res}:hc_kernels=triton' for res in ('permutation', 'cayley', 'identity')))  # bench variants
 SERIES = ('add', 'ortho', 'rot', 'ngpt', 'hc', 'mhc')  # the miniseries' rules: config/shakespeare_<rule>.py
+TEXT = ('generate', 'decode', 'shakespeare')  # the stages that read Tiny Shakespeare
 TINY = ['config/owt_smoke.py', '--n_layer=1', '--n_head=2', '--n_embd=16', '--block_size=16', '--batch_size=2',
         '--gradient_accumulation_steps=1', '--device=cpu']
 # seconds: step_ddp's, profile's and generate's from their times on an H100 (docs/performance.md), the rest estimates
@@ -95,7 +96,7 @@ def tiny_shakespeare(folder):
     """None where Tiny Shakespeare is prepared in folder (preparing it from its input.txt, or the download, if it is
     not yet), else why the stages that read it are skipped."""
     try:
-        if not (windows.find(folder) and os.path.isfile(os.path.join(folder, 'meta.json'))):  # as train.py asks
+        if not chars.prepared(folder):
             chars.prepare(None, folder)
     except UserError as e:
         return (f"skipped: no Tiny Shakespeare in {folder} ({str(e).splitlines()[0]}); put its input.txt there (a "
@@ -131,8 +132,8 @@ def stages(out, smoke, shakespeare_data, bpe_data='data/fineweb-edu', chosen=())
     shape = TINY if smoke else [*GPT2, '--compile']
     timing = ['--steps=1', '--repeats=2', '--warmup=1'] if smoke else ['--steps=2', '--repeats=5', '--warmup=2']
     small = ['--device=cpu', '--n_layer=1', '--n_head=2', '--n_embd=16', '--block_size=16'] if smoke else []
-    no_text = tiny_shakespeare(shakespeare_data or os.path.join(ROOT, 'data', 'shakespeare_char')) if {
-        'generate', 'decode', 'shakespeare'} & set(chosen) else None
+    no_text = tiny_shakespeare(shakespeare_data or os.path.join(ROOT, 'data', 'shakespeare_char')) if set(
+        TEXT) & set(chosen) else None
     sh_data = [f'--data_dir={shakespeare_data}'] if shakespeare_data else []
     # compiled on a GPU; the smoke run decodes eagerly, as compiling on a CPU takes minutes (tests/e2e/test_compile.py)
     decode = ['--sample', '--repeats=3', *(['--sample_tokens=8'] if smoke else ['--sample_tokens=500', '--compile'])]
