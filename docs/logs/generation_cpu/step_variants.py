@@ -4,9 +4,15 @@
   math    SDPA's math backend inside the compiled step, so that inductor compiles attention (its batched products
           turned into reductions, as decompose_mm_pass does for the linears);
   bf16    the model's weights in bfloat16 (model.to(torch.bfloat16)), decoding.compiled as it is;
-  bf16_math  both.
+  bf16_math  both;
+  cpp_wrapper  decoding.compiled's options with inductor's C++ wrapper (cpp_wrapper), which calls the kernels from
+          C++ rather than from a Python function;
+  freezing  decoding.compiled's options with inductor's freezing (the weights folded into the graph as constants,
+          the linears' weights prepacked for oneDNN).
+The third argument, if given, names the ways to run besides step (comma-separated).
 
     python docs/logs/generation_cpu/step_variants.py additive 9
+    python docs/logs/generation_cpu/step_variants.py additive 5 cpp_wrapper,freezing
 """
 import sys
 import time
@@ -25,6 +31,7 @@ def math(*args, **kwargs):
 
 
 rule, rounds, N = sys.argv[1], int(sys.argv[2]), 300
+chosen = ['step', *(sys.argv[3].split(',') if len(sys.argv) > 3 else ['math', 'bf16', 'bf16_math'])]
 torch.manual_seed(0)
 cfg = GPTConfig(n_layer=16, n_head=4, n_embd=256, block_size=256, vocab_size=65, residual=rule, norm='rmsnorm',
                 activation='relu', init='sigma', tie_weights=False)
@@ -38,6 +45,10 @@ ways = {'step': (model, decoding.compiled(idx.device)),
         'math': (model, torch.compile(math, fullgraph=True, dynamic=False, options=mm)),
         'bf16': (half, decoding.compiled(idx.device)),
         'bf16_math': (half, torch.compile(lambda *a, **k: math(*a, **k), fullgraph=True, dynamic=False, options=mm))}
+for option in ('cpp_wrapper', 'freezing'):  # a function of its own each: torch.compile's cache is per function
+    ways[option] = (model, torch.compile(lambda *a, **k: decoding.step(*a, **k), fullgraph=True, dynamic=False,
+                                         options={'post_grad_fusion_options': {'decompose_mm_pass': {}}, option: True}))
+ways = {way: ways[way] for way in chosen}
 
 
 def generate(way):
