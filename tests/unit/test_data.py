@@ -89,3 +89,21 @@ def test_processes_draw_disjoint_windows_and_one_process_is_unchanged():
         starts = [TokenWindows([tokens], 8, 6, seed=5 + step, rank=r, world=4).next()[0][:, 0] for r in range(4)]
         allstarts = torch.cat(starts)
         assert len(set(allstarts.tolist())) == 24, "no window is trained on by two processes in a step"
+
+
+@pytest.mark.parametrize('rank', [0, 1])
+def test_under_torchrun_every_rank_joins_rank_0s_verdict_on_the_text_whatever_it_sees(tmp_path, monkeypatch, rank):
+    """Rank 0 prepares Tiny Shakespeare and broadcasts whether it could. A rank that first looked for the files itself
+    could find them written by rank 0 a moment before, skip the broadcast, and leave rank 0 waiting in it while it
+    waits in DDP's first collective (a 2-process run hung so in the full suite). Here the folder is prepared
+    already, as a late rank finds it: every rank still joins the verdict once, and rank 0 writes nothing again."""
+    import configure
+    from orthogpt import tasks
+    (tmp_path / 'input.txt').write_text(TEXT, encoding='utf-8')
+    chars.prepare(None, str(tmp_path))
+    joined = []
+    monkeypatch.setattr(tasks, 'verdict', lambda message, ddp: joined.append((message, ddp)))
+    monkeypatch.setattr(chars, 'prepare', lambda *a: pytest.fail('prepared again'))
+    cfg = configure.load(['--block_size=8', '--batch_size=2', f'--data_dir={tmp_path}'])
+    tasks.make_task(cfg, 'cpu', rank=rank, world=2)
+    assert joined == [(None, True)]
