@@ -38,9 +38,11 @@ def read_text(input_path, out_dir):
         return f.read()
 
 
-def prepared(out_dir):
-    """Whether out_dir holds a finished preparation: its token files, and meta.json (written last)."""
-    return bool(windows.find(out_dir)) and os.path.isfile(os.path.join(out_dir, 'meta.json'))
+def ready(out_dir):
+    """Prepare out_dir (from its input.txt, else the download) unless it holds a finished preparation: its token files,
+    and meta.json (written last)."""
+    if not (windows.find(out_dir) and os.path.isfile(os.path.join(out_dir, 'meta.json'))):
+        prepare(None, out_dir)
 
 
 def prepare(input_path, out_dir):

@@ -97,7 +97,7 @@ class LanguageTask(Task):
         meta_path = os.path.join(folder, 'meta.json')
         if char:  # rank 0 alone looks: a rank that looked for itself could see the files rank 0 had just written,
             # skip the verdict that rank 0 waits in, and hang the run in its next collective
-            on_master_first(lambda: chars.prepared(folder) or chars.prepare(None, folder), rank, world)
+            on_master_first(lambda: chars.ready(folder), rank, world)
         found = windows.find(folder)
         if found is None:
             raise UserError(f"dataset {cfg.dataset!r} is not prepared: {folder} holds neither train.bin/val.bin "

@@ -96,8 +96,7 @@ def tiny_shakespeare(folder):
     """None where Tiny Shakespeare is prepared in folder (preparing it from its input.txt, or the download, if it is
     not yet), else why the stages that read it are skipped."""
     try:
-        if not chars.prepared(folder):
-            chars.prepare(None, folder)
+        chars.ready(folder)
     except UserError as e:
         return (f"skipped: no Tiny Shakespeare in {folder} ({str(e).splitlines()[0]}); put its input.txt there (a "
                 f"lent GPU machine has no network: carry data/shakespeare_char/input.txt), or name a folder with "
