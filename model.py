@@ -16,6 +16,11 @@ The papers, cited in docstrings by their short names (docs/rules.md: where each 
   [AttnRes] Kimi Team. "Attention Residuals". arXiv:2603.15031
   [DenseFormer] M. Pagliardini, A. Mohtashami, F. Fleuret, M. Jaggi. "DenseFormer: Enhancing Information Flow in
           Transformers via Depth Weighted Averaging". NeurIPS 2024. arXiv:2402.02622
+  [RoFormer] J. Su, Y. Lu, S. Pan, A. Murtadha, B. Wen, Y. Liu. "RoFormer: Enhanced Transformer with Rotary Position
+          Embedding". arXiv:2104.09864
+  [Primer] D. R. So et al. "Primer: Searching for Efficient Transformers for Language Modeling". arXiv:2109.08668
+  [Gemma2] Gemma Team. "Gemma 2: Improving Open Language Models at a Practical Size". arXiv:2408.00118
+  [nanochat] A. Karpathy. nanochat, nanochat/gpt.py (github.com/karpathy/nanochat, commit 92d63d4, 2026-07-03)
 """
 
 import itertools
@@ -606,7 +611,13 @@ class BlockConfig:
     dropout: float = 0.0  # dropout on attention weights, branch outputs and embeddings
     bias: bool = False  # bias in Linear layers and LayerNorm
     norm: Literal['layernorm', 'rmsnorm'] = 'layernorm'  # pre-norm type (none with a norm-keeping rule)
-    activation: Literal['gelu', 'gelu_tanh', 'relu'] = 'gelu'  # the standard MLP's; gelu_tanh: GPT-2's approximation
+    norm_gain: bool = True  # the norms' learnable gain (and bias); False: parameter-free norms ([nanochat])
+    activation: Literal['gelu', 'gelu_tanh', 'relu', 'relu2'] = 'gelu'  # the standard MLP's; relu2: ReLU(x)^2
+    pos: Literal['learned', 'rope'] = 'learned'  # positions: learned embeddings added to the tokens, or rotary (RoPE)
+    rope_base: float = 10000.0  # RoPE's base b: pair i of a head turns by m b^(-2i/hs) at position m ([nanochat]: 1e5)
+    qk_norm: bool = False  # a parameter-free RMSNorm of each head's q and k, after RoPE ([nanochat]); nGPT: its own
+    value_embeds: bool = False  # per-layer token embeddings added to attention's values, gated ([nanochat])
+    logit_softcap: float = 0.0  # logits c tanh(z / c) for c > 0 ([Gemma2]; [nanochat]: 15); 0: off
     mlp: Literal['standard', 'gated'] = 'standard'  # 'gated': u * SiLU(v), u and v from one matrix twice as wide
     mlp_ratio: float | None = None  # the MLP's hidden width / n_embd; None: 4, or 8/3 gated (the same parameters)
     residual: str = field(default='additive', metadata={'choices': RESIDUALS})  # the update rule
@@ -619,15 +630,20 @@ class BlockConfig:
 
     def __post_init__(self):
         at_least_one(self, 'n_layer', 'n_head', 'n_embd')
-        for key in ('sigma_w', 'sigma_qk'):
+        for key in ('sigma_w', 'sigma_qk', 'logit_softcap'):
             if not getattr(self, key) >= 0:
                 raise ValueError(f"{key}={getattr(self, key)} must not be negative")
+        if not self.rope_base > 1:
+            raise ValueError(f"rope_base={self.rope_base} must exceed 1 (RoFormer's 10000; nanochat's 100000)")
         check_choices(self)
         if self.mlp_ratio is not None and not self.mlp_ratio > 0:
             raise ValueError(f"mlp_ratio={self.mlp_ratio} must be positive")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; "
                              f"choose n_head among {[h for h in range(1, 17) if self.n_embd % h == 0]}")
+        if self.pos == 'rope' and self.n_embd // self.n_head % 2:
+            raise ValueError(f"pos='rope' turns pairs of a head's dimensions, and n_embd / n_head = "
+                             f"{self.n_embd // self.n_head} is odd; choose an even head width")
         rule = RESIDUALS[self.residual]
         names = [f.name for f in fields(rule.Options)]
         if not isinstance(self.options, (dict, rule.Options)):  # another rule's: the keys this rule shares with it
@@ -661,6 +677,12 @@ class ViTConfig(BlockConfig):
             raise ValueError(f"image_size={self.image_size} is not a multiple of patch_size={self.patch_size}")
         if not 0 <= self.label_smoothing < 1:
             raise ValueError(f"label_smoothing={self.label_smoothing} must lie in [0, 1)")
+        if self.pos == 'rope':
+            raise ValueError("pos='rope' numbers a sequence, and a ViT's tokens are a 2-D grid of patches and a "
+                             "[CLS] token; the ViT keeps its learned positions: pos='learned'")
+        if self.value_embeds:
+            raise ValueError("value_embeds=True looks up a vector per token id, and a ViT's tokens are patches; "
+                             "use value_embeds=False")
 
 
 @dataclass
@@ -685,14 +707,32 @@ def raw(linear):
 
 
 def make_norm(cfg, keeps_norm):  # none where the stream is already on the sphere ([OT] "Experiments")
-    return (nn.Identity() if keeps_norm else nn.RMSNorm(cfg.n_embd) if cfg.norm == 'rmsnorm' else
-            nn.LayerNorm(cfg.n_embd, bias=cfg.bias))
+    return (nn.Identity() if keeps_norm else nn.RMSNorm(cfg.n_embd, elementwise_affine=cfg.norm_gain)
+            if cfg.norm == 'rmsnorm' else nn.LayerNorm(cfg.n_embd, elementwise_affine=cfg.norm_gain, bias=cfg.bias))
+
+
+def rotary(x, positions, base):
+    """RoPE ([RoFormer] Sec. 3.2.2, Eq. 34): x (..., T, hs) with the pair (x_i, x_{i + hs/2}) turned by the angle
+    m base^(-2i/hs) at position m, positions (T,). The pairs are the two halves of a head, as GPT-NeoX and [nanochat]
+    pair them (RoFormer pairs x_{2i}, x_{2i+1}: the same map up to a fixed order of q's and k's coordinates), and the
+    sense is RoFormer's. Angles in float32 (float64 for float64 x)."""
+    half, dtype = x.shape[-1] // 2, torch.promote_types(x.dtype, torch.float32)
+    angle = positions.to(dtype)[:, None] * base ** (-torch.arange(half, device=x.device, dtype=dtype) / half)
+    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1)
+
+
+def has_value_embeds(cfg, block):  # [nanochat]'s layers: every other one, the last among them
+    return cfg.value_embeds and block % 2 == (cfg.n_layer - 1) % 2
 
 
 class SelfAttention(nn.Module):
-    """Multi-head self-attention, causal or not; `normalized`: q, k normalised, scaled by s_qk ([nGPT] Sec. 2.3.2)."""
+    """Multi-head self-attention, causal or not. q and k: RoPE (pos='rope'), then, as in [nanochat] and nGPT's code,
+    the norm: parameter-free (qk_norm), or `normalized`, nGPT's, scaled by s_qk ([nGPT] Sec. 2.3.2). ve: the value
+    embeddings (B, T, C) of a layer that has them, added to v at a gate 3 sigmoid(W x[:12]) per head ([nanochat])."""
 
-    def __init__(self, cfg, causal, normalized):
+    def __init__(self, cfg, causal, normalized, gated=False):
         super().__init__()
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
         if QKV_MAPS[cfg.qkv] is not None:
@@ -700,16 +740,26 @@ class SelfAttention(nn.Module):
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.resid_dropout = nn.Dropout(cfg.dropout)
         self.n_head, self.dropout, self.causal = cfg.n_head, cfg.dropout, causal
+        self.rope_base, self.qk_norm = cfg.rope_base if cfg.pos == 'rope' else None, cfg.qk_norm
         self.s_qk = ScaleVector(cfg.n_embd, 1.0, 1 / math.sqrt(cfg.n_embd)) if normalized else None  # per head, dim
+        self.ve_gate = nn.Linear(min(12, cfg.n_embd), cfg.n_head, bias=False) if gated else None
 
-    def forward(self, x, cache=None):
+    def forward(self, x, cache=None, ve=None):
         B, T, C = x.shape
         qkv = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head)
         q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))  # (B, nh, T, hs); a permute's backward copies more
+        if self.ve_gate is not None:
+            gate = 3 * torch.sigmoid(self.ve_gate(x[..., :self.ve_gate.in_features]))  # (B, T, nh)
+            v = v + (gate.unsqueeze(-1) * ve.view(B, T, self.n_head, -1)).transpose(1, 2)
+        if self.rope_base is not None:
+            positions = cache.positions if cache is not None else torch.arange(T, device=x.device)
+            q, k = rotary(q, positions, self.rope_base), rotary(k, positions, self.rope_base)
         scale = None  # SDPA's 1/sqrt(hs)
         if self.s_qk is not None:  # [nGPT] Eq. 15-16: cosines of q and k, scaled by s_qk, softmax scale sqrt(hs)
             s_qk = self.s_qk().view(self.n_head, 1, -1)  # (nh, 1, hs)
             q, k, scale = F.normalize(q, dim=-1) * s_qk, F.normalize(k, dim=-1) * s_qk, math.sqrt(C // self.n_head)
+        elif self.qk_norm:
+            q, k = F.rms_norm(q, q.shape[-1:]), F.rms_norm(k, k.shape[-1:])
         mask = None
         if cache is not None:  # every position of the state's buffers, each query seeing those up to its own
             (k, v), mask = cache.write(self, k, v, dim=2), cache.visible  # (B, nh, block_size, hs), (T, block_size)
@@ -733,6 +783,7 @@ class MLP(nn.Module):
         hidden, self.gated = mlp_width(cfg), cfg.mlp == 'gated'
         self.c_fc = nn.Linear(cfg.n_embd, hidden * (2 if self.gated else 1), bias=cfg.bias)
         self.act = (nn.SiLU() if self.gated else nn.ReLU() if cfg.activation == 'relu' else
+                    ReLU2() if cfg.activation == 'relu2' else
                     nn.GELU(approximate='tanh' if cfg.activation == 'gelu_tanh' else 'none'))
         self.s_uv = ScaleVector(self.c_fc.out_features, 1.0, 1.0) if normalized else None
         self.c_proj = nn.Linear(hidden, cfg.n_embd, bias=cfg.bias)
@@ -746,6 +797,13 @@ class MLP(nn.Module):
         v = v if self.s_uv is None else v * math.sqrt(x.shape[-1])
         h = self.act(v) if u is None else u * self.act(v)
         return self.dropout(self.c_proj(h)).view_as(x)
+
+
+class ReLU2(nn.Module):
+    """ReLU(x)^2 ([Primer] Sec. 4, "squared ReLU"; [nanochat]'s MLP)."""
+
+    def forward(self, x):
+        return F.relu(x).square()
 
 
 class Depth:
@@ -779,18 +837,18 @@ class Block(nn.Module):
         rule = RESIDUALS[cfg.residual]
         self.anchor = StreamAnchor(cfg.x0_mix, layer, cfg.n_layer) if cfg.x0_mix != 'off' else None
         self.ln_1 = make_norm(cfg, rule.keeps_norm)
-        self.attn = SelfAttention(cfg, causal, normalized)
+        self.attn = SelfAttention(cfg, causal, normalized, has_value_embeds(cfg, layer))
         self.update_attn = rule.from_config(cfg, 2 * layer, causal)
         self.ln_2 = make_norm(cfg, rule.keeps_norm)
         self.mlp = MLP(cfg, normalized)
         self.update_mlp = rule.from_config(cfg, 2 * layer + 1, causal)
 
-    def forward(self, x, cache=None, depth=None):  # (B, T, C), or the rule's wider stream; depth: a Depth, or None
+    def forward(self, x, cache=None, depth=None, ve=None):  # (B, T, C), or the rule's wider stream; depth: a Depth
         if self.anchor is not None:
             x = self.anchor(x, depth.anchor)
         reads = (depth,) if self.update_attn.depth else ()
         h, state = self.update_attn.prepare(x, cache, *reads)  # (B, T, C)
-        x = self.update_attn(x, self.attn(self.ln_1(h), cache), state)
+        x = self.update_attn(x, self.attn(self.ln_1(h), cache, ve), state)
         h, state = self.update_mlp.prepare(x, cache, *reads)
         return self.update_mlp(x, self.mlp(self.ln_2(h)), state)
 
@@ -815,6 +873,8 @@ class Block(nn.Module):
             for w in (qkv[2 * d:], self.attn.c_proj.weight, self.mlp.c_fc.weight):
                 w.normal_(0.0, cfg.sigma_w / math.sqrt(d))
             self.mlp.c_proj.weight.normal_(0.0, cfg.sigma_w * math.sqrt(2 / self.mlp.c_proj.in_features))
+        if self.attn.ve_gate is not None:  # [nanochat]'s: the gates start a little above 1.5
+            self.attn.ve_gate.weight.uniform_(0.0, 0.02)
 
 
 # ----------------------------------------------------------------------------- 5. Trunk, GPT, ViT
@@ -843,16 +903,17 @@ class Trunk:
         self.ln_f = make_norm(config, keeps_norm)
         self.s_z = ScaleVector(n_out, 1.0, 1 / math.sqrt(config.n_embd)) if normalized else None
 
-    def scaled(self, logits):
-        return logits if self.s_z is None else logits * self.s_z()
+    def scaled(self, logits):  # nGPT's s_z, then the soft-cap ([Gemma2] Sec. 2), in float32 as [nanochat]
+        logits, cap = logits if self.s_z is None else logits * self.s_z(), self.config.logit_softcap
+        return cap * torch.tanh(wide(logits) / cap) if cap else logits
 
-    def trunk(self, x, cache=None):  # (B, T, C) embeddings -> (B, T, C) features for the head
+    def trunk(self, x, cache=None, values=None):  # (B, T, C) embeddings -> (B, T, C) features; values: blocks' ve
         n = self.rule.copies(self.config)
         x = copied(self.ln_emb(x), n)  # (B, T, C), or n copies (B, T, n, C)
         anchor = F.rms_norm(x, x.shape[-1:]) if self.config.x0_mix != 'off' else None  # x0_mix's, once a forward
         depth = Depth(x, anchor) if self.rule.depth or anchor is not None else None
-        for block in self.blocks:
-            x = block(x, cache, depth)
+        for i, block in enumerate(self.blocks):
+            x = block(x, cache, depth, values[i] if values else None)
         if self.read_out is not None:
             x = self.read_out.prepare(x, cache, depth)[0]
         return self.ln_f(x.mean(-2) if n else x)
@@ -912,13 +973,16 @@ class DecodeStep:
 
 
 class GPT(Trunk, nn.Module):
-    """Causal language model: token + position embeddings, the trunk, a linear head."""
+    """Causal language model: token (+ learned position) embeddings, the trunk, a linear head. value_embeds: a token
+    embedding per layer that has them, which that layer's attention adds to its values ([nanochat])."""
 
     def __init__(self, config):
         super().__init__()
         self.config = config
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
-        self.wpe = nn.Embedding(config.block_size, config.n_embd)
+        self.wpe = nn.Embedding(config.block_size, config.n_embd) if config.pos == 'learned' else None
+        self.value_embeds = nn.ModuleDict({str(i): nn.Embedding(config.vocab_size, config.n_embd)
+                                           for i in range(config.n_layer) if has_value_embeds(config, i)})
         self.drop = nn.Dropout(config.dropout)
         self.build_trunk(config, causal=True, n_out=config.vocab_size)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
@@ -932,13 +996,19 @@ class GPT(Trunk, nn.Module):
         self.lm_head.weight.normal_(0.0, 0.02)
         if not cfg.tie_weights:  # 'sigma': unit-variance token embeddings ([OT] "Experiments")
             self.wte.weight.normal_(0.0, 1.0 if cfg.init == 'sigma' else 0.02)
-        self.wpe.weight.normal_(0.0, 0.02)
+        if self.wpe is not None:
+            self.wpe.weight.normal_(0.0, 0.02)
+        for ve in self.value_embeds.values():  # as V's weights ([nanochat])
+            ve.weight.normal_(0.0, 0.02 if cfg.init == 'gpt2' else cfg.sigma_w / math.sqrt(cfg.n_embd))
         for block in self.blocks:
             block.init_weights(cfg)
         self.after_step()  # the state every optimizer step leaves: for nGPT, unit-norm weights
 
     def own_stream_matrices(self):
-        return [(self.wte.weight, -1), (self.wpe.weight, -1), (self.lm_head.weight, -1)]
+        return [(m.weight, -1) for m in (self.wte, self.wpe, self.lm_head) if m is not None]
+
+    def lookups(self):  # the parameters that are looked up, not multiplied: positions and value embeddings
+        return sum(p.numel() for m in (self.wpe, self.value_embeds) if m is not None for p in m.parameters())
 
     def forward(self, idx, targets=None, cache=None, last=False):
         """idx (B, T) token ids -> logits (B, T, vocab), and the mean cross-entropy of targets (B, T) if given (-1:
@@ -948,8 +1018,11 @@ class GPT(Trunk, nn.Module):
         if T > self.config.block_size:
             raise ValueError(f"sequence of length {T} exceeds block_size={self.config.block_size}")
         cache = cache.advance(T) if cache is not None else None
-        pos = cache.positions if cache is not None else torch.arange(T, device=idx.device)
-        x = self.trunk(self.drop(self.wte(idx) + self.wpe(pos)), cache)  # (B, T, C)
+        x = self.wte(idx)  # (B, T, C)
+        if self.wpe is not None:
+            x = x + self.wpe(cache.positions if cache is not None else torch.arange(T, device=idx.device))
+        ve = [self.value_embeds[str(i)](idx) if str(i) in self.value_embeds else None for i in range(len(self.blocks))]
+        x = self.trunk(self.drop(x), cache, ve)  # (B, T, C)
         logits = self.scaled(self.lm_head(x[:, -1:] if last else x))  # (B, T, vocab)
         return logits, None if targets is None else F.cross_entropy(logits.view(-1, logits.size(-1)),
                                                                     targets.reshape(-1), ignore_index=-1)

@@ -221,7 +221,9 @@ def announce(run, log, pretrained):
     if pretrained:
         print(f"starting from the weights of {cfg.init_from}")
     params = run.raw_model.num_params()
-    print(f"{params:,} parameters, residual={cfg.residual}, qkv={cfg.qkv}, mlp={cfg.mlp}; "
+    looked_up = sum(p.numel() for n, p in run.raw_model.named_parameters() if n.startswith('value_embeds.'))
+    print(f"{params:,} parameters{f' ({looked_up:,} of them value embeddings)' if looked_up else ''}, "
+          f"residual={cfg.residual}, qkv={cfg.qkv}, mlp={cfg.mlp}; "
           f"{task.items_per_iter:,} {task.unit} per iteration; {env.world} process(es) on {env.device}, {env.dtype}")
     names = {p: n for n, p in run.raw_model.named_parameters()}
     print('\n'.join('  ' + line for line in run.optimizer.summary(names)))
@@ -229,7 +231,8 @@ def announce(run, log, pretrained):
     if note:
         print(note)
     if c.iter_num == 0 and not cfg.eval_only:
-        log.write({'iter': 0, 'event': 'start', 'parameters': params, f'flops_per_{task.item}': run.flops_per_item,
+        log.write({'iter': 0, 'event': 'start', 'parameters': params, 'value_embed_parameters': looked_up,
+                   f'flops_per_{task.item}': run.flops_per_item,
                    f'{task.item}s_per_iter': task.items_per_iter})
     if c.history and c.history[-1]['iter'] == c.iter_num:
         log.write({'iter': c.iter_num, 'event': 'resume', **c.history[-1]})

@@ -44,8 +44,10 @@ _muon = {
     'rotation': {'standard': (0.01, 0.1), 'gated': (0.01, 0.0)},
     'ngpt': {'standard': (0.01, 0.1), 'gated': (0.02, 0.1)},
 }
-# Other datasets, Q/K/V maps and rules were not tuned here: nanoGPT's CPU rate.
-_tuned = dataset == 'shakespeare_char' and qkv == 'dense'  # noqa: F821
+# These were tuned in GPT-2's block (config/shakespeare_char.py). Other datasets, Q/K/V maps, rules and blocks
+# (config/modern.py's) were not tuned here: nanoGPT's CPU rate.
+_gpt2_block = (pos, qk_norm, norm_gain, value_embeds, logit_softcap) == ('learned', False, True, False, 0.0)  # noqa: F821
+_tuned = dataset == 'shakespeare_char' and qkv == 'dense' and _gpt2_block  # noqa: F821
 _rates = _adamw.get(residual, {}) if _tuned else {}  # noqa: F821
 learning_rate = _rates.get(mlp, 1e-3)  # noqa: F821
 if _tuned and residual == 'attnres' and attnres_block > 1 and mlp == 'standard':  # noqa: F821

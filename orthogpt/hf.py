@@ -35,7 +35,8 @@ from orthogpt.resume import SWITCHABLE
 FREE = SWITCHABLE | {'block_size'}  # keys a run may set otherwise, keeping the weights (block_size: fewer positions)
 
 GPT2_HUB = {name: f'openai-community/{name}' for name in ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl')}
-GPT2_ARCH = dict(norm='layernorm', bias=True, activation='gelu_tanh', tie_weights=True, qkv='dense')
+GPT2_ARCH = dict(norm='layernorm', norm_gain=True, bias=True, activation='gelu_tanh', tie_weights=True,
+                 qkv='dense', pos='learned', qk_norm=False, value_embeds=False, logit_softcap=0.0)
 GPT2_ACTIVATIONS = {'gelu_new': 'gelu_tanh', 'gelu_pytorch_tanh': 'gelu_tanh', 'gelu': 'gelu', 'relu': 'relu'}
 GPT2_CONV1D = re.compile(r'blocks\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight')  # stored (in, out)
 
@@ -174,7 +175,8 @@ def adopt(cfg, keys, given):
 def fit(model, state):
     """Load state into model (the positions cropped to its block_size), or say why it cannot."""
     cfg, own = model.config, model.state_dict()
-    state = dict(state, **{'wpe.weight': state['wpe.weight'][:cfg.block_size]})
+    if 'wpe.weight' in state:
+        state = dict(state, **{'wpe.weight': state['wpe.weight'][:cfg.block_size]})
     if state['wte.weight'].shape[0] != cfg.vocab_size:
         raise UserError(f"the checkpoint has a vocabulary of {state['wte.weight'].shape[0]} tokens, the "
                         f"model {cfg.vocab_size}: train on data in the checkpoint's tokens (GPT-2: "

@@ -136,10 +136,10 @@ class LanguageTask(Task):
         return flops.per_item(model, (one, one), c.gradient_accumulation_steps * c.batch_size) / c.block_size
 
     def flops_per_item(self, model):
-        """Per token: 6N for the matmuls of forward and backward (position embeddings do none),
-        plus attention's 12 L T d (PaLM, appendix B)."""
+        """Per token: 6N for the matmuls of forward and backward (the embeddings looked up, of positions
+        and of values, do none), plus attention's 12 L T d (PaLM, appendix B)."""
         c = self.cfg
-        return 6 * (model.num_params() - model.wpe.weight.numel()) + 12 * c.n_layer * c.n_embd * c.block_size
+        return 6 * (model.num_params() - model.lookups()) + 12 * c.n_layer * c.n_embd * c.block_size
 
     def eval_inputs(self):
         self.eval_loaders['val'].reset()

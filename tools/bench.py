@@ -27,7 +27,8 @@ computes them). The step table's "saved for backward" column is the activation m
 eager forward of a micro-batch (what a wider stream multiplies), on a CPU as on a GPU.
 The variants are every residual rule in model.RESIDUALS (with dense Q/K/V) and every orthogonal
 Q/K/V map in model.QKV_MAPS (with the additive rule); `--variants=hc,hc:hc_recompute=True`
-sets keys of a variant's own, such as its rule's options.
+sets keys of a variant's own, such as its rule's options, and `additive:config/modern.py` stacks
+a config file over one (the rule in the modern block).
 """
 
 import argparse
@@ -180,16 +181,17 @@ def main(argv=None):
 
 def overrides(variant):
     """The config overrides of a variant: NAME (one of variants()), or NAME:key=value:... with more
-    keys set over it, such as its rule's options (mhc:mhc_res=identity:hc_recompute=True)."""
+    keys set over it, such as its rule's options (mhc:mhc_res=identity:hc_recompute=True), or config
+    files stacked over it (additive:config/modern.py, the rule in the modern block)."""
     name, *keys = variant.split(':')
     known = variants()
     if name not in known:
         raise UserError(f"unknown variant {name!r} in {variant!r}; choose from {', '.join(known)}, each optionally "
-                        f"followed by :key=value")
-    bad = [k for k in keys if '=' not in k]
+                        f"followed by :key=value or :CONFIG_FILE.py")
+    bad = [k for k in keys if '=' not in k and not k.endswith('.py')]
     if bad:
-        raise UserError(f"variant {variant!r}: {', '.join(bad)} is not key=value")
-    return [f'--{k}={v}' for k, v in known[name].items()] + [f'--{k}' for k in keys]
+        raise UserError(f"variant {variant!r}: {', '.join(bad)} is neither key=value nor a config file (.py)")
+    return [f'--{k}={v}' for k, v in known[name].items()] + [k if k.endswith('.py') else f'--{k}' for k in keys]
 
 
 def bench(base, configs, env, args):

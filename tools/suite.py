@@ -16,6 +16,9 @@ gathers them, each with its command and wall time, in the form the docs' GPU sec
                        its top kernels with their share of the step (OUT/profile/additive.md)
   microbatch           the additive step of step_ddp (98,304 tokens) in micro-batches of 12, 24 and 48 sequences, one
                        process: which fills the GPU best (MFU), and its peak memory
+  step_modern          tools/bench.py at the GPT-2 124M shape, one micro-step of 12 x 1024 tokens, compiled: additive
+                       in GPT-2's block against additive, rotation and mHC in config/modern.py's (RoPE, QK norm,
+                       ReLU^2, gainless norms, soft-cap, value embeddings): what the modern block costs
   kernels              tools/bench.py at the GPT-2 124M shape, one micro-step of 12 x 1024 tokens, compiled: the
                        wide streams on their fused Triton kernels (HC, mHC with each H_res constraint) and on the
                        rules' own PyTorch (HC, mHC), against additive, with MFU, peak memory and the
@@ -47,7 +50,7 @@ there from its input.txt or the download before any stage runs; where neither is
 A lent GPU machine has no network and gets no ignored file unless it is carried: carry data/shakespeare_char/input.txt.
 The stage limits add up to more than one command may run on a lent machine (10 minutes): run the stages in
 calls of their own, each within it: --stages=kernel_check,kernels,kernel_bw (9.5 minutes), --stages=step_ddp,profile,microbatch,
---stages=step_fsdp, --stages=generate,decode,decode_gpt2, --stages=shakespeare, --stages=miniseries. Beside each OUT/<stage>.md
+--stages=step_fsdp,step_modern, --stages=generate,decode,decode_gpt2, --stages=shakespeare, --stages=miniseries. Beside each OUT/<stage>.md
 lies OUT/<stage>.log, everything the stage printed.
 At its limit a stage gets SIGTERM (training runs save a checkpoint and stop), and SIGKILL 45 s later (GRACE).
 """
@@ -72,14 +75,16 @@ GPT2 = ['config/gpt2_124m_add.py', '--gradient_accumulation_steps=8']
 RULES = ('add', 'ortho', 'rot', 'ngpt', 'hc', 'mhc', 'mhc_identity', 'mhc_lite', 'jpmhc')  # config/shakespeare_<rule>.py
 WIDE = ('additive', 'hc:hc_kernels=torch', 'hc:hc_kernels=triton', 'mhc:hc_kernels=torch', 'mhc:hc_kernels=triton',
         *(f'mhc:mhc_res={res}:hc_kernels=triton' for res in ('permutation', 'cayley', 'identity')))  # bench variants
+MODERN = ('additive', *(f'{rule}:config/modern.py' for rule in ('additive', 'rotation', 'mhc')))  # bench variants
 SERIES = ('add', 'ortho', 'rot', 'ngpt', 'hc', 'mhc')  # the miniseries' rules: config/shakespeare_<rule>.py
 TEXT = ('generate', 'decode', 'shakespeare')  # the stages that read Tiny Shakespeare
 TINY = ['config/owt_smoke.py', '--n_layer=1', '--n_head=2', '--n_embd=16', '--block_size=16', '--batch_size=2',
         '--gradient_accumulation_steps=1', '--device=cpu']
 # seconds: step_ddp's, profile's and generate's from their times on an H100 (docs/performance.md), the rest estimates
-LIMITS = {'kernel_check': 90, 'kernels': 420, 'kernel_bw': 60, 'step_ddp': 420, 'step_fsdp': 420, 'profile': 120,
+LIMITS = {'kernel_check': 90, 'kernels': 420, 'kernel_bw': 60, 'step_ddp': 420, 'step_fsdp': 420, 'step_modern': 150,
+          'profile': 120,
           'microbatch': 240, 'generate': 360, 'decode': 100, 'decode_gpt2': 80, 'shakespeare': 590,
-          'miniseries': 540}  # estimates: kernel_check to kernel_bw, microbatch, decode to miniseries
+          'miniseries': 540}  # estimates: kernel_check to kernel_bw, step_modern, microbatch, decode to miniseries
 GRACE = 45  # seconds from a stage's SIGTERM at its limit to SIGKILL
 
 
@@ -151,6 +156,8 @@ def stages(out, smoke, shakespeare_data, bpe_data='data/fineweb-edu', chosen=())
             f'additive:batch_size={b}:gradient_accumulation_steps={sequences // b}' for b in micro)],
         'kernels': [*py, 'tools/bench.py', *shape, *([] if smoke else ['--gradient_accumulation_steps=1']), *data,
                     *timing, f"--variants={','.join(WIDE)}"],
+        'step_modern': [*py, 'tools/bench.py', *shape, *([] if smoke else ['--gradient_accumulation_steps=1']), *data,
+                        *timing, f"--variants={','.join(MODERN)}"],
         'kernel_bw': [*py, 'tools/bench_kernels.py', *(['--smoke'] if smoke else [])],
         'generate': no_text or [*py, 'tools/bench.py', 'config/shakespeare_add.py', *small, *sh_data, '--sample',
                                 '--repeats=1', f"--sample_tokens={8 if smoke else 500}"],

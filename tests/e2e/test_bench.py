@@ -74,20 +74,24 @@ def test_the_rules_table(char_data, capsys, tables):
 def test_bench_rejects_unknown_variants(char_data):
     with pytest.raises(SystemExit, match='unknown variant'):
         bench.main([os.path.join(ROOT, 'config', 'shakespeare_add.py'), *TINY, '--variants=additive,rotaton'])
-    with pytest.raises(SystemExit, match="variant 'mhc:identity': identity is not key=value"):
+    with pytest.raises(SystemExit, match=r"variant 'mhc:identity': identity is neither key=value nor a config file"):
         bench.main([os.path.join(ROOT, 'config', 'shakespeare_add.py'), *TINY, '--variants=additive,mhc:identity'])
 
 
 def test_a_variant_sets_its_own_keys(char_data, capsys, tables):
-    """NAME:key=value rows: a rule's options reach the variants of that rule alone."""
+    """NAME:key=value rows: a rule's options reach the variants of that rule alone; NAME:FILE.py stacks a config
+    file over the variant (the rule in the modern block)."""
     bench.main([os.path.join(ROOT, 'config', 'shakespeare_add.py'), *TINY, f'--data_dir={char_data}',
-                '--variants=mhc,mhc:mhc_res=identity,mhc:hc_rate=2:hc_recompute=True'])
+                '--variants=mhc,mhc:mhc_res=identity,mhc:hc_rate=2:hc_recompute=True,mhc:config/modern.py'])
     table = tables.cells(capsys.readouterr().out)
-    assert list(table) == ['mhc', 'mhc:mhc_res=identity', 'mhc:hc_rate=2:hc_recompute=True']
+    assert list(table) == ['mhc', 'mhc:mhc_res=identity', 'mhc:hc_rate=2:hc_recompute=True', 'mhc:config/modern.py']
     params = [tables.number(cells[0]) for cells in table.values()]
     saved = [tables.number(cells[6]) for cells in table.values()]
     assert params[1] < params[0] and params[2] < params[0]  # no H_res coefficients; 2 copies
     assert saved[2] < saved[0]
+    # the modern block: no positions (16 x 16), the one layer's value embeddings (the tiny corpus's 39 characters x 16)
+    # and gate (12 x 2 heads), no gains in its two norms and the last (3 x 16)
+    assert params[3] - params[0] == -16 * 16 + 39 * 16 + 12 * 2 - 3 * 16
 
 
 def test_bench_profile_writes_a_trace_per_variant_into_the_folder(char_data, tmp_path, tables):

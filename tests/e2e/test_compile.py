@@ -22,6 +22,9 @@ VARIANTS = [dict(residual='additive'), dict(residual='rotation'), dict(residual=
             dict(residual='mhc', mhc_res='cayley', hc_kernels='triton'),
             dict(residual='ddl', x0_mix='nanochat'), dict(residual='attnres'), dict(residual='attnres', attnres_block=2),
             dict(residual='denseformer'), dict(residual='additive', x0_mix='identity')]
+MODERN = dict(pos='rope', qk_norm=True, activation='relu2', norm='rmsnorm', norm_gain=False, logit_softcap=15.0,
+              value_embeds=True, tie_weights=False)  # config/modern.py's block
+VARIANTS += [dict(residual=rule, **MODERN) for rule in ('additive', 'rotation', 'ngpt', 'mhc', 'ddl', 'attnres')]
 
 
 @pytest.mark.parametrize('variant,qkv', [(v, 'dense') for v in VARIANTS] + [
@@ -52,7 +55,9 @@ DECODERS = [dict(residual='additive', qkv='cayley'), dict(residual='rotation'), 
             dict(residual='orthogonal', ortho_mode='feature'), dict(residual='orthogonal', ortho_mode='global'),
             dict(residual='hc'), dict(residual='mhc'), dict(residual='mhc', mhc_res='identity'),
             dict(residual='mhc', mhc_res='permutation'), dict(residual='mhc', mhc_res='cayley'),
-            dict(residual='ddl', x0_mix='nanochat'), dict(residual='attnres', attnres_block=2), dict(residual='denseformer')]
+            dict(residual='ddl', x0_mix='nanochat'), dict(residual='attnres', attnres_block=2), dict(residual='denseformer'),
+            dict(residual='additive', **MODERN), dict(residual='orthogonal', ortho_mode='global', **MODERN),
+            dict(residual='hc', **MODERN), dict(residual='denseformer', **MODERN)]
 
 
 @pytest.fixture
@@ -120,8 +125,8 @@ def test_several_models_decoded_in_turn_through_the_compiled_step_each_draw_thei
 
 @pytest.mark.parametrize('variant', [
     ['--residual=orthogonal', '--ortho_prob=0.5', '--dropout=0.1'], ['--residual=mhc', '--qkv=exp'],
-    ['--residual=ngpt'], ['--residual=rotation', '--optimizer=muon', '--qkv=cayley']],
-    ids=['orthogonal-dropout', 'mhc-exp', 'ngpt', 'rotation-muon-cayley'])
+    ['--residual=ngpt'], ['--residual=rotation', '--optimizer=muon', '--qkv=cayley'], ['config/modern.py']],
+    ids=['orthogonal-dropout', 'mhc-exp', 'ngpt', 'rotation-muon-cayley', 'modern'])
 def test_compiled_training_traces_once_for_training_and_once_for_evaluation(variant, tiny, char_data, tmp_path, logs,
                                                                               monkeypatch):
     """train.py's compiled model (the default on CUDA) over 8 iterations of 2 micro-steps and 5 evaluations: dynamo

@@ -50,8 +50,10 @@ def test_rotation_gradients_stay_flat_where_additive_decays(tmp_path, char_data)
     assert ratio['additive', 1.0] > ratio['additive', 0.3]  # the decay grows with sigma_w
 
 
-def test_dynamics_log_and_plots(run, logs, tmp_path):
-    args = ['--max_iters=20', '--eval_interval=10', '--dropout=0.1', '--ortho_prob=0.5']
+@pytest.mark.parametrize('block', [[], ['--pos=rope', '--qk_norm=True', '--activation=relu2', '--norm_gain=False',
+                                          '--logit_softcap=15', '--value_embeds=True']], ids=['gpt2', 'modern'])
+def test_dynamics_log_and_plots(run, logs, tmp_path, block):
+    args = ['--max_iters=20', '--eval_interval=10', '--dropout=0.1', '--ortho_prob=0.5', *block]
     plain = run(*args, config='shakespeare_ortho.py', out='plain')
     assert not (plain / 'dynamics.jsonl').exists()
     out = run(*args, '--dynamics=True', '--dynamics_interval=5', config='shakespeare_ortho.py')

@@ -13,6 +13,8 @@ import train
 from orthogpt import checkpoint
 
 ARGS = ['--eval_interval=4', '--log_interval=2', '--warmup_iters=2']
+MODERN = ['--pos=rope', '--qk_norm=True', '--activation=relu2', '--norm_gain=False', '--logit_softcap=15',
+          '--value_embeds=True', '--tie_weights=False']  # config/modern.py's block
 
 
 def spawn(torchrun, tiny, data, out, nproc, *args):
@@ -30,8 +32,9 @@ def weights(out, name='ckpt.pt'):
     ['--residual=rotation', '--qkv=exp', '--gradient_accumulation_steps=2'],
     ['--residual=orthogonal', '--ortho_prob=0.5', '--dropout=0.1', '--gradient_accumulation_steps=2'],
     ['--residual=ngpt', '--gradient_accumulation_steps=2'],
-    ['--residual=attnres', '--attnres_block=2', '--gradient_accumulation_steps=2']],  # blocks sharded as one group
-    ids=['mhc-cayley', 'rotation-exp', 'orthogonal', 'ngpt', 'attnres'])
+    ['--residual=attnres', '--attnres_block=2', '--gradient_accumulation_steps=2'],  # blocks sharded as one group
+    ['--residual=denseformer', *MODERN, '--gradient_accumulation_steps=2']],  # value embeddings beside the blocks
+    ids=['mhc-cayley', 'rotation-exp', 'orthogonal', 'ngpt', 'attnres', 'denseformer-modern'])
 def test_fsdp_reaches_the_weights_of_ddp(variant, torchrun, tiny, char_data, tmp_path):
     """The same logits and the same weights. mHC stands for both wide streams, which FSDP shards with their block.
     Read weights scale the input of the block's norm, so while the copies they read are equal their gradient is zero

@@ -27,6 +27,7 @@ def test_the_smoke_suite_writes_every_table(tmp_path, char_data, capsys, tables)
             assert tables.number(tok_s) == pytest.approx(tokens / (tables.number(ms) / 1e3), rel=0.05)
     assert 'FSDP' in (out / 'step_fsdp.md').read_text() and 'FSDP' not in (out / 'step_ddp.md').read_text()
     assert os.path.getsize(out / 'profile' / 'additive.json') > 1000
+    assert list(tables.cells((out / 'step_modern.md').read_text())) == list(suite.MODERN)
     micro = tables.cells((out / 'microbatch.md').read_text())  # 4 sequences a step, 2 x 2 and 4 x 1
     assert list(micro) == [f'additive:batch_size={b}:gradient_accumulation_steps={4 // b}' for b in (2, 4)]
     assert [tables.number(tok_s) for _, _, _, tok_s, *_ in micro.values()] == pytest.approx(

@@ -37,9 +37,11 @@ def test_mixed_precision_steps(run, logs, dtype):
     assert scale == 1.0 if dtype == 'bfloat16' else scale >= 2.0 ** 10  # dynamic loss scaling for float16 only
 
 
-def test_resume_continues_exactly(run, logs):
+@pytest.mark.parametrize('block', [[], ['--pos=rope', '--qk_norm=True', '--activation=relu2', '--norm_gain=False',
+                                          '--logit_softcap=15', '--value_embeds=True']], ids=['gpt2', 'modern'])
+def test_resume_continues_exactly(run, logs, block):
     # the schedule must not depend on where we stop; dropout and stochastic connections draw random numbers
-    args = ['--eval_interval=10', '--lr_decay_iters=40', '--dropout=0.1', '--ortho_prob=0.5']
+    args = ['--eval_interval=10', '--lr_decay_iters=40', '--dropout=0.1', '--ortho_prob=0.5', *block]
     full = run('--max_iters=40', *args, config='shakespeare_ortho.py', out='full')
     part = run('--max_iters=20', *args, config='shakespeare_ortho.py', out='part')
     run('--max_iters=40', '--init_from=resume', *args, config='shakespeare_ortho.py', out='part')

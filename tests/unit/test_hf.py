@@ -79,7 +79,8 @@ def test_gpt2_names_come_from_the_hub(tmp_path, monkeypatch, gpt2_folder):
 VARIANTS = [dict(residual='additive', **hf.GPT2_ARCH), dict(residual='additive'),
             dict(residual='orthogonal', options=dict(ortho_mode='global')),
             dict(residual='rotation', init='sigma', tie_weights=False), dict(qkv='cayley', norm='rmsnorm'),
-            dict(qkv='exp', activation='relu')]
+            dict(qkv='exp', activation='relu'), dict(residual='additive', **dict(hf.GPT2_ARCH, pos='rope')),
+            dict(residual='additive', **dict(hf.GPT2_ARCH, logit_softcap=30.0))]
 
 
 def variant_id(variant):
@@ -90,7 +91,7 @@ def variant_id(variant):
 def test_export_then_import_is_exact_for_every_variant(variant, tmp_path):
     model = tiny_gpt(**variant)
     layout = hf.export(model, tmp_path / 'hf')
-    assert layout == ('gpt2' if variant.get('bias') else 'orthogpt')
+    assert layout == ('gpt2' if variant == VARIANTS[0] else 'orthogpt')  # a departure from GPT-2's block is ours
     idx = torch.randint(11, (2, 16))
     again = hf.from_pretrained(str(tmp_path / 'hf')).eval()
     assert again.config == model.config
@@ -124,6 +125,10 @@ RULES = [dict(residual=name) for name in RESIDUALS] + [
     dict(residual='orthogonal', options=dict(ortho_mode='global')),
     dict(residual='mhc', options=dict(mhc_res='permutation', hc_rate=3)),
     dict(residual='attnres', options=dict(attnres_block=2)), dict(residual='ddl', x0_mix='nanochat')]
+# config/modern.py's block around every rule: RoPE, QK norm, ReLU^2, gainless norms, the soft-cap, value embeddings
+MODERN = dict(pos='rope', rope_base=1e5, qk_norm=True, activation='relu2', norm='rmsnorm', norm_gain=False,
+              logit_softcap=15.0, value_embeds=True, tie_weights=False)
+RULES += [dict(residual=name, **MODERN) for name in RESIDUALS]
 
 
 @pytest.mark.parametrize('variant', RULES, ids=variant_id)
