@@ -481,8 +481,9 @@ class AttentionResidual(ResidualUpdate):
 
         h_l = sum_{i<l} a_{i,l} v_i,   a_{i,l} = softmax_i(w_l . RMSNorm(v_i)),
 
-    w_l a query per sublayer, 0 at init: the uniform mean, which the branches' pre-norm reads as the pre-norm
-    additive model (the sources sum to its stream). attnres_block = S > 1 is Block AttnRes (Sec. 3.2, Eq. 5-6): the
+    w_l a query per sublayer, 0 at init: the uniform mean of n sources, x / n for the additive stream x, which a pre-norm
+    reads as x with n^2 times its eps (docs/rules.md: what that does to GPT-2's block). attnres_block = S > 1 is Block
+    AttnRes (Sec. 3.2, Eq. 5-6): the
     sources are the embeddings, each completed block of S sublayers' sum, and the current block's sum so far. The
     output is read the same way by one more query. What forward passes on is the sources' sum, the additive stream."""
     depth = True

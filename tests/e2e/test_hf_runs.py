@@ -76,6 +76,8 @@ def test_finetuning_gpt2_weights_with_orthogonal_updates_trains_and_resumes(tmp_
     (['--n_layer=3'], r"n_layer=3 \(the checkpoint's: 2\)"),
     (['--block_size=64'], r"block_size=64 \(the checkpoint's: 32\)"),
     (['--norm=rmsnorm'], r"norm='rmsnorm' \(the checkpoint's: 'layernorm'\)"),
+    (['--pos=rope'], r"pos='rope' \(the checkpoint's: 'learned'\)"),  # GPT-2's weights keep its learned positions
+    (['config/modern.py'], r"the config sets what the pretrained weights fix: .*pos='rope'"),
 ])
 def test_what_cannot_carry_the_weights_is_refused(args, expected, tmp_path, char_data, gpt2_folder):
     gpt2_folder(tmp_path / 'hf')

@@ -132,31 +132,59 @@ def test_each_depth_rule_computes_its_papers_equations(gpt_config, keys, referen
         torch.testing.assert_close(model(idx)[0], reference(model, idx), rtol=1e-10, atol=1e-10)
 
 
+def sources(sublayer, block):
+    """How many sources an AttnRes read at this sublayer (2 n_layer: the read-out) averages at init: the embeddings,
+    each completed block of `block` sublayers, and the current one's partial sum."""
+    return 1 + sublayer // block + (1 if sublayer % block else 0)
+
+
+GPT2_BLOCK = dict(norm='layernorm', init='gpt2', tie_weights=True)  # LayerNorm of eps 1e-5
+
+
+@pytest.mark.parametrize('arch', [ARCH, GPT2_BLOCK], ids=['rmsnorm-sigma', 'gpt2-block'])
 @pytest.mark.parametrize('keys', [dict(residual='attnres'), dict(residual='attnres', attnres_block=4),
                                   dict(residual='denseformer'), dict(residual='additive', x0_mix='identity'),
                                   dict(residual='orthogonal', x0_mix='identity'),
                                   dict(residual='ddl', x0_mix='identity')],
                          ids=['attnres', 'attnres-block4', 'denseformer', 'x0-additive', 'x0-orthogonal', 'x0-ddl'])
-def test_at_init_each_is_the_model_it_extends(gpt_config, keys):
-    """With the same weights: AttnRes with zero queries reads the uniform mean of its sources, the additive stream
-    divided by their number, which every pre-norm reads as the stream (RMSNorm of eps 0 here); DenseFormer's
-    identity weights and x0_mix's (1, 0) leave their rule's model as it is."""
+def test_at_init_each_is_the_model_it_extends(gpt_config, keys, arch):
+    """With the same weights and each block's own norms and eps: DenseFormer's identity weights and x0_mix's (1, 0)
+    leave their rule's model as it is. AttnRes with zero queries reads the uniform mean of its n sources, the additive
+    stream x / n, and a norm reads x / n as it reads x with its eps times n^2 (norm(x / n; eps) = norm(x; n^2 eps),
+    RMSNorm and LayerNorm alike): it is the additive model whose pre-norms have those larger eps, exactly."""
     torch.manual_seed(0)
     base = {k: v for k, v in keys.items() if k != 'x0_mix'} if 'x0_mix' in keys else dict(residual='additive')
-    plain = GPT(gpt_config(n_layer=3, **ARCH, **base)).double()
-    model = GPT(gpt_config(n_layer=3, **ARCH, **keys)).double()
+    plain = GPT(gpt_config(n_layer=3, **arch, **base)).double()
+    model = GPT(gpt_config(n_layer=3, **arch, **keys)).double()
     with torch.no_grad():
         for p in plain.parameters():
             p.add_(0.1 * torch.randn_like(p))
         missing = model.load_state_dict(plain.state_dict(), strict=False).missing_keys
     assert all('read_out' in k or 'update_' in k or 'anchor' in k for k in missing)
-    for m in (plain, model):
-        for norm in m.modules():
-            if isinstance(norm, torch.nn.RMSNorm):
-                norm.eps = 0.0
+    if keys['residual'] == 'attnres':
+        block = keys.get('attnres_block', 1)
+        norms = [n for b in plain.blocks for n in (b.ln_1, b.ln_2)] + [plain.ln_f]
+        for sublayer, norm in enumerate(norms):
+            norm.eps = (norm.eps or torch.finfo(torch.float64).eps) * sources(sublayer, block) ** 2
     idx = torch.randint(11, (2, 16))
     with torch.no_grad():
         torch.testing.assert_close(model(idx)[0], plain(idx)[0], rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize('arch,n_layer,far', [(ARCH, 4, False), (GPT2_BLOCK, 4, True), (GPT2_BLOCK, 12, True)],
+                         ids=['rmsnorm-sigma-4', 'gpt2-block-4', 'gpt2-block-12'])
+def test_how_far_attnres_starts_from_the_additive_model(gpt_config, arch, n_layer, far):
+    """docs/rules.md's sizes, in float32: unit-variance embeddings (the sigma init) dwarf n^2 eps, and AttnRes starts
+    where additive does, to rounding; GPT-2's N(0, 0.02) embeddings (variance 8e-4) do not beside LayerNorm's 1e-5
+    n^2, and the logits at init differ by tenths."""
+    torch.manual_seed(0)
+    cfg = dict(n_layer=n_layer, n_head=2, n_embd=64, block_size=32, vocab_size=65, **arch)
+    plain, model = GPT(gpt_config(residual='additive', **cfg)), GPT(gpt_config(residual='attnres', **cfg))
+    model.load_state_dict(plain.state_dict(), strict=False)
+    idx = torch.randint(65, (2, 32))
+    with torch.no_grad():
+        gap = (model(idx)[0] - plain(idx)[0]).abs().max().item()
+    assert gap > 0.1 if far else gap < 1e-4
 
 
 def test_attnres_with_zero_queries_reads_the_uniform_mean_of_its_sources():
