@@ -41,8 +41,16 @@ KERNELS = {}  # hc_kernels -> fused kernels of the wide rules' two passes, which
 
 
 def register(name):
-    """Class decorator: make a rule the config value residual=name."""
+    """Class decorator: make a rule the config value residual=name. An option key is one config key whichever rule
+    reads it, so a key another rule declares too must have its type and default (mHC's Options extend HC's)."""
     def add(cls):
+        mine = {f.name: (f.type, f.default) for f in fields(cls.Options)}
+        for other, rule in RESIDUALS.items():
+            clash = [f"{f.name}: {mine[f.name]} here, {(f.type, f.default)} there" for f in fields(rule.Options)
+                     if other != name and mine.get(f.name, (f.type, f.default)) != (f.type, f.default)]
+            if clash:
+                raise ValueError(f"residual={name!r} and residual={other!r} declare one option otherwise ("
+                                 f"{'; '.join(clash)}); give {name!r}'s keys a prefix of its own (docs/rules.md)")
         RESIDUALS[name] = cls
         return cls
     return add

@@ -25,7 +25,6 @@ import glob
 import hashlib
 import json
 import os
-import re
 from dataclasses import dataclass, replace
 
 import torch

@@ -140,38 +140,38 @@ class Optimizers:
                 group['base_lr'] = lr
 
 
-OWN = {'cls_token': True, 'pos_emb': True}  # a model's own parameters (the ViT's embeddings): decayed
-
-
 def decayed(module, name, p):
-    """Whether weight decay applies to the parameter `name` of `module` (its own, not a submodule's),
-    by the kind of module; None where no kind claims it. Matrices and embeddings decay; gains,
-    biases and scaling vectors do not, nor does the raw W behind an orthogonal Q/K/V (decaying it pulls
-    Q, K, V towards the identity, not towards zero), nor what a rule names in its no_decay."""
-    if isinstance(module, ResidualUpdate):
-        return p.dim() >= 2 and name not in module.no_decay
+    """Whether weight decay applies to the parameter `name` of `module` (its own, not a submodule's), by the kind of
+    module: gains, biases and scaling vectors do not decay, nor does the raw W behind an orthogonal Q/K/V (decaying it
+    pulls Q, K, V towards the identity, not towards zero); the weights of Linear, Embedding and Conv2d do. Any other
+    parameter, the model's own among them (the ViT's embeddings), decays if it is a matrix or more."""
     if isinstance(module, (nn.Linear, nn.Embedding, nn.Conv2d)):
         return name == 'weight'
     if isinstance(module, (nn.LayerNorm, nn.RMSNorm, ScaleVector, StreamAnchor, parametrize.ParametrizationList)):
         return False
-    return None
+    return p.dim() >= 2
+
+
+def rule_parameters(model):
+    """{parameter: whether it is decayed} of every rule's parameters, in its submodules too: they are the rule's, which
+    decays its matrices but those it names (by their name within it) in no_decay."""
+    return {p: p.dim() >= 2 and name not in rule.no_decay for rule in model.modules()
+            if isinstance(rule, ResidualUpdate) for name, p in rule.named_parameters()}
 
 
 def decay_groups(model):
-    """{parameter: whether it is decayed} for every trainable parameter, each claimed by the modules
-    that hold it (a tied weight by each) with one answer; a UserError names any other."""
-    claims = {}
+    """{parameter: whether it is decayed} for every trainable parameter: a rule's as the rule declares, any other as
+    decayed() says of each module that holds it (a tied weight by each), which must agree."""
+    claims, owned = {}, rule_parameters(model)
     for module in model.modules():
         for name, p in module.named_parameters(recurse=False):
             if p.requires_grad:
-                claims.setdefault(p, set()).add(OWN.get(name) if module is model else decayed(module, name, p))
+                claims.setdefault(p, set()).add(owned[p] if p in owned else decayed(module, name, p))
     names = {p: n for n, p in model.named_parameters()}
     for p, found in claims.items():
-        if None in found or len(found) > 1:
-            what = 'in no optimizer group' if None in found else 'claimed as decayed and as not'
-            raise UserError(f"parameter {names[p]} is {what}: orthogpt.optim.decayed places a parameter by the "
-                            f"module that holds it (a rule, a Linear, Embedding, Conv2d, norm or scaling vector); hold "
-                            f"it in one of those (a rule lists those it does not decay in no_decay), or add its kind there")
+        if len(found) > 1:
+            raise UserError(f"parameter {names[p]} is claimed as decayed and as not by the modules that hold it (a "
+                            f"tied weight): hold it where both agree (orthogpt.optim.decayed)")
     return {p: found.pop() for p, found in claims.items()}
 
 
@@ -190,7 +190,8 @@ def make_optimizer(model, cfg, device_type):
     and a rule's own parameters."""
     decays = decay_groups(model)
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    matrices = {raw(m) for m in model.blocks.modules() if isinstance(m, nn.Linear)} if cfg.optimizer == 'muon' else set()
+    matrices = ({raw(m) for m in model.blocks.modules() if isinstance(m, nn.Linear)} - set(rule_parameters(model))
+                if cfg.optimizer == 'muon' else set())
     muon = [(n, p) for n, p in params if p in matrices]
     rest = [(n, p) for n, p in params if p not in matrices]
 

@@ -184,8 +184,9 @@ def registered():
     names = []
 
     def add(name, cls):
+        cls = register(name)(cls)
         names.append(name)
-        return register(name)(cls)
+        return cls
     yield add
     for name in names:
         del RESIDUALS[name]

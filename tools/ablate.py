@@ -22,7 +22,6 @@ import copy
 import os
 import sys
 
-import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 import configure  # noqa: E402

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 import train
-from model import GPT
 from orthogpt import checkpoint, decoding, hf
 from tools import eval_hellaswag, export
 

@@ -236,3 +236,23 @@ def test_a_saved_config_holds_the_other_models_keys_at_their_defaults_and_loads(
     changed = {**asdict(cfg), 'block_size': 32}
     with pytest.raises(UserError, match="block_size: a key of model='gpt'"):
         configure.from_dict(changed)
+
+
+def test_two_rules_that_declare_one_option_otherwise_are_refused_at_registration(registered):
+    """One key is one config key whichever rule reads it: another rule may share it only with its type and default
+    (as mHC shares HC's), and the error names both rules."""
+    from dataclasses import dataclass
+
+    from model import OrthogonalUpdate, ResidualUpdate
+
+    @dataclass
+    class Same:
+        ortho_eps: float = 1e-6  # OrthogonalUpdate's, as it declares it
+
+    registered('same_eps', type('SameEps', (ResidualUpdate,), {'Options': Same}))
+    for default, kind in ((1e-3, float), (1e-6, int)):
+        other = dataclass(type('Other', (), {'__annotations__': {'ortho_eps': kind}, 'ortho_eps': default}))
+        with pytest.raises(ValueError, match=r"residual='clash' and residual='orthogonal' declare one option "
+                                             r"otherwise \(ortho_eps: .*\); give 'clash''s keys a prefix of its own"):
+            registered('clash', type('Clash', (OrthogonalUpdate,), {'Options': other}))
+    assert 'clash' not in configure.loader.RESIDUALS

@@ -9,9 +9,8 @@ import pytest
 import torch
 
 import configure
-from model import GPT, RESIDUALS
+from model import GPT, RESIDUALS, ResidualUpdate
 from orthogpt import optim, parallel
-from orthogpt.errors import UserError
 from orthogpt.run import setup
 from tools import suite
 
@@ -141,12 +140,43 @@ def test_every_trainable_parameter_is_in_exactly_one_group(argv):
         assert decay[p] == (p.dim() >= 2 and '.parametrizations.' not in name and p not in static), name
 
 
-def test_a_parameter_that_no_group_claims_is_refused_by_name():
-    cfg = configure.load(['--n_layer=1', '--n_head=2', '--n_embd=16'])
+class Mixed(ResidualUpdate):
+    """x + mix(u) * gate: a rule whose parameters lie in a submodule of its own too."""
+
+    no_decay = ('mix.bias', 'scale.weight')
+
+    def __init__(self, d):
+        super().__init__()
+        self.mix, self.scale, self.gate = torch.nn.Linear(d, d), torch.nn.Linear(d, d), torch.nn.Parameter(torch.ones(d))
+
+    @classmethod
+    def from_config(cls, cfg, layer, causal):
+        return cls(cfg.n_embd)
+
+    def forward(self, x, u, cache=None):
+        return x + self.scale(self.mix(u)) * self.gate
+
+
+@pytest.mark.parametrize('optimizer', ['adamw', 'muon'])
+def test_a_rule_owns_its_submodules_parameters_and_nothing_the_model_holds_is_refused(optimizer, registered):
+    """A rule's parameters, in its submodules too, are the rule's: matrices decay but those it names in no_decay, and
+    AdamW keeps them under Muon too. A parameter of a kind of module no rule or kind claims is placed, not refused: a
+    matrix decays, a vector does not."""
+    registered('mixed', Mixed)
+    cfg = configure.load(['--n_layer=1', '--n_head=2', '--n_embd=16', '--residual=mixed', '--weight_decay=0.1',
+                          f'--optimizer={optimizer}'])
     model = configure.build_model(cfg)
-    model.blocks[0].attn.temperature = torch.nn.Parameter(torch.ones(1))  # held by no kind of module optim knows
-    with pytest.raises(UserError, match=r"parameter blocks\.0\.attn\.temperature is in no optimizer group.*no_decay"):
-        optim.make_optimizer(model, cfg, 'cpu')
+    block = model.blocks[0]
+    block.attn.temperature = torch.nn.Parameter(torch.ones(1))  # held by attention itself, a kind optim does not list
+    block.attn.table = torch.nn.Parameter(torch.ones(2, 3))
+    opt = optim.make_optimizer(model, cfg, 'cpu')
+    decay = {p: g['weight_decay'] > 0 for g in opt.param_groups for p in g['params']}
+    rule = block.update_attn
+    assert decay[rule.mix.weight] and not decay[rule.mix.bias] and not decay[rule.scale.weight]
+    assert not decay[rule.gate] and not decay[block.attn.temperature] and decay[block.attn.table]
+    if optimizer == 'muon':
+        muon = {p for g in opt.named['muon'].param_groups for p in g['params']}
+        assert block.attn.c_proj.weight in muon and not {rule.mix.weight, rule.scale.weight} & muon
 
 
 @pytest.mark.parametrize('mlp, split', [('standard', 1), ('gated', 2)])
