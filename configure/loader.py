@@ -1,6 +1,7 @@
 """Load config files and --key=value overrides into a validated Config."""
 
 import difflib
+import importlib
 import inspect
 import math
 import os
@@ -38,6 +39,18 @@ def option_hints():
     return hints
 
 
+def import_rule_module(name):
+    """Import the module that defines a rule outside model.py (the key rule_module), which registers it there."""
+    if name == '__main__':
+        raise UserError("the rule was defined in the script that trained it (__main__), which no other program can "
+                        "import: define it in a module of its own and name it with --rule_module=MODULE")
+    try:
+        importlib.import_module(name)
+    except Exception as e:  # not found, or failing as it runs
+        raise UserError(f"rule_module={name!r} cannot be imported here ({type(e).__name__}: {e}); put {name}.py "
+                        f"beside train.py, or its folder on the path (PYTHONPATH=DIR)") from None
+
+
 def type_name(hint, key=None):
     if key in CHOICES:
         return ' | '.join(repr(c) for c in CHOICES[key])
@@ -68,8 +81,9 @@ def coerce(key, value, hint):
             return value
         raise UserError(f"{key}={value!r} is not one of {type_name(hint)}{closest(str(value), map(str, args))}")
     if key in CHOICES and isinstance(value, str) and value not in CHOICES[key]:
+        own = "; a rule of your own: name its module first, --rule_module=MODULE" if key == 'residual' else ''
         raise UserError(f"{key}={value!r} is not one of {type_name(hint, key)}"
-                        f"{closest(value, CHOICES[key], cutoff=0.6)}")
+                        f"{closest(value, CHOICES[key], cutoff=0.6)}{own}")
     if origin is tuple:
         if isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
             return tuple(value)
@@ -195,6 +209,8 @@ def load(argv, base=None, given=None):
             raise UserError(f"{arg!r} is neither a config file nor an override; did you mean --{arg}?")
         else:
             updates = run_file(arg, values)
+        if updates.get('rule_module'):  # its rule and the rule's keys exist from here on
+            import_rule_module(updates['rule_module'])
         values.update(updates)
         given.update(updates)
         if 'depth' in updates:
@@ -251,6 +267,8 @@ def flat(cfg):
 def from_dict(data):
     """Config from plain data (a checkpoint's JSON), checked like a config file; the other model's
     keys, which it holds at their defaults, may not differ from them."""
+    if data.get('rule_module') and data.get('residual') not in RESIDUALS:
+        import_rule_module(data['rule_module'])
     values = {}
     for key, value in {**data, **data.get('options', {})}.items():
         if key != 'options':

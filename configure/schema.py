@@ -11,7 +11,7 @@ from typing import Literal
 
 import torch
 
-from model import GPT, ViT, GPTConfig, ViTConfig, at_least_one
+from model import GPT, RESIDUALS, ViT, GPTConfig, ViTConfig, at_least_one
 
 # the image datasets `dataset` may name: their Hugging Face source (and Debian's IDX files), classes
 IMAGE_DATASETS = {
@@ -26,6 +26,7 @@ IMAGE_DATASETS = {
 @dataclass
 class Config(GPTConfig, ViTConfig):
     model: Literal['gpt', 'vit'] | None = None  # what to train; None: 'vit' for an image dataset, else 'gpt'
+    rule_module: str | None = None  # a module defining residual's rule outside model.py, imported first; recorded by itself
     # output, evaluation, logging
     out_dir: str = 'out'  # the run's folder: checkpoints, log.jsonl, config.json
     init_from: str = 'scratch'  # 'scratch', 'resume', or pretrained weights: a GPT-2 name or a Hugging Face folder
@@ -88,6 +89,9 @@ class Config(GPTConfig, ViTConfig):
     def __post_init__(self):  # the model's own checks run in model_config, for the model it builds
         if self.model is None:
             self.model = 'vit' if self.dataset in IMAGE_DATASETS else 'gpt'
+        where = RESIDUALS[self.residual].__module__ if self.residual in RESIDUALS else 'model'
+        if self.rule_module is None and where != 'model':  # so that every reader of the run imports it
+            self.rule_module = where
         self.options = model_config(self).options
         at_least_one(self, 'batch_size', 'gradient_accumulation_steps', 'eval_interval', 'eval_iters', 'log_interval',
                      'dynamics_interval', 'aspect')

@@ -13,8 +13,9 @@ A folder holds config.json and model.safetensors, in one of two layouts:
   'config') and state dict as they are, which from_pretrained reads back exactly. Beside them,
   model.py itself, copied, and the two files of orthogpt/remote_code/ that fit its GPT to
   transformers, named in config.json's auto_map: AutoModelForCausalLM.from_pretrained(DIR,
-  trust_remote_code=True) loads it with no clone of OrthoGPT. (Folders of older versions lack
-  them; from_pretrained reads those as well.)
+  trust_remote_code=True) loads it with no clone of OrthoGPT. A rule defined outside model.py
+  (rule_module) goes with it as rules.py, which modeling_orthogpt.py imports. (Folders of older
+  versions lack them; from_pretrained reads those as well.)
 The vocabulary is the checkpoint's (GPT-2: 50257, not padded), so there is no padding to sample.
 Beside the model: the tokenizer AutoTokenizer loads (GPT-2's files, or a character vocabulary's
 tokenizer.json) and a README.md, the model card.
@@ -24,8 +25,10 @@ import inspect
 import json
 import os
 import re
+import sys
 from dataclasses import asdict, fields, replace
 
+from configure.loader import import_rule_module
 from model import GPT, QKV_MAPS, RESIDUALS, AdditiveUpdate, GPTConfig
 from orthogpt import bpe, hub
 from orthogpt.errors import UserError
@@ -42,6 +45,7 @@ GPT2_CONV1D = re.compile(r'blocks\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp
 
 REMOTE_CODE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'remote_code')  # copied beside model.py
 REMOTE_FILES = ('configuration_orthogpt.py', 'modeling_orthogpt.py')
+RULES_FILE = 'rules.py'  # beside them: the module of a rule defined outside model.py, which modeling_orthogpt imports
 AUTO_MAP = {'AutoConfig': 'configuration_orthogpt.OrthoGPTConfig',
             'AutoModelForCausalLM': 'modeling_orthogpt.OrthoGPTForCausalLM'}
 
@@ -88,6 +92,8 @@ def read_pretrained(name_or_dir):
         hf = json.load(f)
     tensors = load_file(os.path.join(folder, 'model.safetensors'))
     if hf.get('model_type') == 'orthogpt':  # JSON's lists are the config's tuples
+        if hf.get('rule_module') and hf['config']['residual'] not in RESIDUALS:  # a rule of its own: its module
+            import_rule_module(hf['rule_module'])
         keys = {k: tuple(v) if isinstance(v, list) else v for k, v in hf['config'].items()}
         keys['options'] = {k: tuple(v) if isinstance(v, list) else v for k, v in keys.get('options', {}).items()}
         tensors = {k.removeprefix('gpt.'): t for k, t in tensors.items()}  # transformers' save_pretrained: gpt.*
@@ -203,10 +209,25 @@ def read_bytes(path):
         return f.read()
 
 
-def foreign_classes(model):
-    """The classes of model's modules that neither model.py nor torch defines (a rule registered from elsewhere)."""
+def foreign_classes(model, carried=None):
+    """The classes of model's modules that neither model.py, torch nor the module `carried` defines."""
     return sorted({f"{type(m).__module__}.{type(m).__qualname__}" for m in model.modules()
-                   if type(m).__module__ != GPT.__module__ and not type(m).__module__.startswith('torch.')})
+                   if type(m).__module__ not in (GPT.__module__, carried) and not type(m).__module__.startswith('torch.')})
+
+
+def rule_source(cfg):
+    """(module name, rules.py's text) for the exported folder: the source of the module that defines the rule outside
+    model.py, its imports of model made relative to the folder's copy; (None, a docstring) for a rule of model.py."""
+    name = RESIDUALS[cfg.residual].__module__
+    if name == GPT.__module__:
+        return None, '"""No rule outside model.py: this model\'s rule is one of model.py\'s own."""\n'
+    try:
+        source = inspect.getsource(sys.modules[name])
+    except (OSError, TypeError, KeyError):
+        raise UserError(f"residual={cfg.residual!r} is defined in {name}, whose source cannot be read (a script run "
+                        f"as __main__, or an interactive session): define it in a module of its own to export it") from None
+    source = re.sub(r'^(\s*)from model import', r'\1from .model import', source, flags=re.M)
+    return name, re.sub(r'^(\s*)import model\b', r'\1from . import model', source, flags=re.M)
 
 
 def char_tokenizer(itos):
@@ -249,11 +270,12 @@ def export(model, folder, tokens=None, run=None):
     from safetensors.torch import save
     cfg = model.config
     layout = 'gpt2' if gpt2_layout(model) else 'orthogpt'
-    foreign = foreign_classes(model)
+    module, rules = rule_source(cfg) if layout == 'orthogpt' else (None, None)
+    foreign = foreign_classes(model, module)
     if layout == 'orthogpt' and foreign:
-        raise UserError(f"residual={cfg.residual!r} builds {', '.join(foreign)}, which model.py does not define: the "
-                        f"exported folder carries model.py alone, so transformers could not build the model; define "
-                        f"the rule in model.py to export it")
+        raise UserError(f"residual={cfg.residual!r} builds {', '.join(foreign)}, which neither model.py nor the rule's "
+                        f"module defines: the exported folder carries those two alone, so transformers could not build "
+                        f"the model; define those classes in the rule's module to export it")
     state = {k: t.detach().cpu().contiguous() for k, t in model.state_dict().items()}
     if cfg.tie_weights:
         del state['lm_head.weight']  # the same tensor as wte.weight; safetensors stores it once
@@ -270,8 +292,8 @@ def export(model, folder, tokens=None, run=None):
     else:
         hf_cfg = dict(model_type='orthogpt', architectures=['OrthoGPTForCausalLM'], auto_map=AUTO_MAP,
                       config=asdict(replace(cfg, options=RESIDUALS[cfg.residual].exported(cfg.options))),
-                      bos_token_id=eot, eos_token_id=eot)
-        code = {'model.py': read_bytes(inspect.getsourcefile(GPT)),
+                      rule_module=module, bos_token_id=eot, eos_token_id=eot)
+        code = {'model.py': read_bytes(inspect.getsourcefile(GPT)), RULES_FILE: rules.encode(),
                 **{name: read_bytes(os.path.join(REMOTE_CODE, name)) for name in REMOTE_FILES}}
     tokenizer = tokenizer_files(tokens, cfg)
     files = {'config.json': json.dumps(hf_cfg, indent=1).encode(), 'model.safetensors': save(state), **code,

@@ -1,6 +1,7 @@
 """An OrthoGPT language model for transformers' AutoModelForCausalLM (trust_remote_code=True).
 
-model.py beside this file is OrthoGPT's own model code, copied verbatim when the model was exported; this file
+model.py beside this file is OrthoGPT's own model code, copied verbatim when the model was exported (and rules.py the
+module of a rule defined outside it, if any); this file
 only fits its GPT to transformers' conventions: input_ids in, logits out, `labels` shifted inside for the loss,
 and generate() with the GPT's own decoding state (model.DecodeState) as the cache between steps. In OrthoGPT's
 repository it lies in orthogpt/remote_code/, which orthogpt/hf.py's export copies beside model.py: it runs there.
@@ -12,6 +13,9 @@ from torch.nn.utils import parametrize
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+# rules.py registers a rule defined outside model.py as it is imported (it is empty for model.py's own rules); in the
+# form `from .x import y`, which transformers follows to copy the file along
+from .rules import __name__ as rules  # noqa: F401
 from .configuration_orthogpt import OrthoGPTConfig
 from .model import GPT, DecodeState, GPTConfig
 

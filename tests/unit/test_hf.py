@@ -179,16 +179,21 @@ def test_without_trust_remote_code_transformers_says_to_pass_it(tmp_path, transf
 
 
 class Halfway(ResidualUpdate):
-    """x_next = x + u / 2: a rule a user defines and registers outside model.py."""
+    """x_next = x + helper(u): a rule a user defines outside model.py, holding a module of a third module's class."""
+
+    def __init__(self):
+        super().__init__()
+        self.helper = type('Helper', (torch.nn.Identity,), {'__module__': 'elsewhere'})()
 
     def forward(self, x, u, cache=None):
-        return x + u / 2
+        return x + self.helper(u) / 2
 
 
-def test_a_rule_from_outside_model_py_is_refused_with_what_it_needs(tmp_path, registered):
+def test_a_class_neither_model_py_nor_the_rules_module_defines_is_refused_with_what_it_needs(tmp_path, registered):
+    """The folder carries model.py and the rule's module (tests/e2e/test_rule_module.py), and nothing else."""
     registered('halfway', Halfway)
-    with pytest.raises(UserError, match=r"residual='halfway' builds \S*Halfway, which model.py does not define: the "
-                                        r"exported folder carries model.py alone.*define the rule in model.py"):
+    with pytest.raises(UserError, match=r"residual='halfway' builds elsewhere.Helper, which neither model.py nor the "
+                                        r"rule's module defines.*define those classes in the rule's module"):
         hf.export(tiny_gpt(residual='halfway'), tmp_path / 'hf')
     assert not (tmp_path / 'hf').exists()
 
