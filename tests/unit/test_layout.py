@@ -106,6 +106,17 @@ def test_train_py_is_a_script_of_short_functions():
     assert max(arguments.values()) <= 5, arguments
 
 
+def test_the_tools_are_functions_of_at_most_60_lines():
+    long = {}
+    for name in sorted(os.listdir(os.path.join(ROOT, 'tools'))):
+        if name.endswith('.py'):
+            with open(os.path.join(ROOT, 'tools', name)) as f:
+                tree = ast.parse(f.read())
+            long.update({f"{name}:{n.name}": n.end_lineno - n.lineno + 1 for n in ast.walk(tree)
+                         if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno >= 60})
+    assert not long, f"split these into functions of at most 60 lines: {long}"
+
+
 def test_model_py_stays_short():
     """The model file holds the model alone (GPT-2 checkpoints are read in orthogpt/hf.py, the batched Q/K/V maps
     held in orthogpt/maps.py, each rule's departures from its paper told in docs/rules.md, fused kernels in
