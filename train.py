@@ -129,7 +129,8 @@ def train(cfg, env, argv, given):
             c.iter_num = it = it + 1
             since += 1
             if env.master and cfg.dynamics and it % cfg.dynamics_interval == 0:
-                log.write(diagnostics.dynamics_record(run.raw_model, run.task.batch[0], it), 'dynamics')
+                inputs, targets = run.task.batch
+                log.write(diagnostics.dynamics_record(run.raw_model, inputs, it, targets), 'dynamics')
             at_log = it % cfg.log_interval == 0  # the host syncs here only
             if at_log:
                 now = time.perf_counter()

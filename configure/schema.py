@@ -37,7 +37,7 @@ class Config(GPTConfig, ViTConfig):
     eval_only: bool = False  # evaluate once and exit
     log_interval: int = 10  # iterations between log lines
     dynamics: bool = False  # log per-block stream statistics to out_dir/dynamics.jsonl (tools/plot_dynamics.py)
-    dynamics_interval: int = 100  # iterations between those measurements (one extra forward each)
+    dynamics_interval: int = 100  # iterations between those measurements (each a few steps' work: docs/rules.md)
     wandb_log: bool = False  # mirror the log to Weights & Biases (offline mode when no API key is set)
     wandb_project: str = 'orthogpt'  # the W&B project
     wandb_run_name: str | None = None  # the W&B run's name (default: W&B's)

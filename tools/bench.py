@@ -109,7 +109,7 @@ class Runner:
         """Seconds for one --dynamics measurement, as train.py makes it."""
         self.sync()
         t0 = time.perf_counter()
-        diagnostics.dynamics_record(self.run.raw_model, self.x, 0)
+        diagnostics.dynamics_record(self.run.raw_model, self.x, 0, self.y)
         self.sync()
         return time.perf_counter() - t0
 

@@ -1,6 +1,7 @@
 """Training dynamics per block, from runs trained with --dynamics=True: Fig. 3 and Fig. 10 of
 G. Oh et al., "Revisiting Residual Connections: Orthogonal Updates for Stable and Efficient Deep
-Networks", NeurIPS 2025, arXiv:2505.11881.
+Networks", NeurIPS 2025, arXiv:2505.11881; and the gains across depth of Z. Xie et al., "mHC:
+Manifold-Constrained Hyper-Connections", arXiv:2512.24880, Fig. 3 and 7.
 
     python tools/plot_dynamics.py out-shakespeare-add-cpu out-shakespeare-ortho-cpu --out out-plots/dynamics
 
@@ -12,7 +13,14 @@ OUT_<stat>.png: attention and MLP rows, one column per block, one colour per run
 symmetric log scale (linear below 1e-3, so that 0 shows); OUT_stream_by_depth.png, ||x||² of what each
 sublayer's branch read at the last measurement against depth, a line per run (whether the stream grows with depth,
 as Attention Residuals, Kimi Team, arXiv:2603.15031, Sec. 5.2, report of PreNorm); and OUT_effective_rank.png, the
-effective rank of the final representation at each evaluation. Prints each run's last
+effective rank of the final representation at each evaluation. At the last measurement, against the sublayer
+(docs/rules.md, "Diagnostics across depth", defines each): OUT_magnitudes.png, each sublayer's output and the
+gradient of the loss at it and at its branch output; OUT_stream_gain.png, the gain of the stream map from each
+sublayer to the end, its largest and its root-mean-square singular value; for the wide rules OUT_mixing_gain.png,
+the row (forward) and column (backward) sums of H_res, each sublayer's and the composite from it to the last
+(mHC's Fig. 3 (a) and (b)); and each mechanism's own weights: OUT_attnres_weights.png (Attention Residuals'
+alpha_{i->l}, a heat map), OUT_denseformer_alpha.png (DenseFormer's weights, a heat map) and OUT_ddl_beta.png
+(DDL's beta, a histogram per sublayer, with the fractions within 0.1 of 0, 1 and 2). Prints each run's last
 measurement of every statistic, the mean over its sublayers.
 """
 
@@ -22,13 +30,32 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 from orthogpt import errors, logs, plots  # noqa: E402
-from orthogpt.diagnostics import STATS  # noqa: E402
+from orthogpt.diagnostics import BETA_BINS, STATS  # noqa: E402
 from orthogpt.errors import UserError  # noqa: E402
 
 TITLES = {'stream_sq': '||x||²', 'par_sq': '||f_par||²', 'perp_sq': '||f_perp||²', 'cos': 'cos(x, f)',
           'theta': 'θ = ||f_perp|| / ||x||', 'res_offdiag': 'H_res off-diagonal mass', 'res_dist': '||H_res - I||_F',
           'res_angle': 'H_res rotation angle (rad)'}
 LOG_SCALE = ('res_offdiag', 'res_dist', 'res_angle')  # from 0 or 1e-3 at init to order 1
+SUBLAYER = 'sublayer l (attention, MLP, attention, ...)'
+# the figures against the sublayer: (name, [(panel title, [(stat, line style, legend)])])
+BY_DEPTH = [
+    ('stream_by_depth', [('||x||² of what the branch read', [('stream_sq', '-', '')])]),
+    ('magnitudes', [('||x^(l)||, the output (mean over tokens)', [('out_norm', '-', '')]),
+                    ('gradient norm (mean over tokens)', [('out_grad', '-', 'd loss / d x^(l)'),
+                                                          ('branch_grad', '--', 'd loss / d u^(l), the branch')])]),
+    ('stream_gain', [('gain of the stream map x_l -> x_end', [('map_max', '-', 'largest singular value'),
+                                                            ('map_rms', '--', 'root mean square')])]),
+    ('mixing_gain', [(f'{of}: |row sum| forward, |column sum| backward',
+                      [(f'{key}_fwd_max', '-', 'forward, max'), (f'{key}_bwd_max', '--', 'backward, max'),
+                       (f'{key}_fwd_min', ':', 'forward, min'), (f'{key}_bwd_min', '-.', 'backward, min')])
+                     for of, key in (("each sublayer's H_res", 'mix'), ('composite, sublayer l to the last', 'comp'))]),
+]
+
+HEATMAPS = {  # key: (title, the readers' axis, their names from their number)
+    'attnres_weights': ("Attention Residuals' α_{i→l}, mean over tokens", 'reader: sublayer l, or the output',
+                        lambda n: [*map(str, range(1, n)), 'out']),
+    'denseformer_alpha': ("DenseFormer's weights α_{i,j}", 'block i', lambda n: list(map(str, range(n))))}
 
 
 def read(out_dir, name):
@@ -49,6 +76,18 @@ def measured(record, sub, stat):
     return record[sub].get(stat, [])
 
 
+def by_depth(record, stat):
+    """stat of every sublayer of one record in forward order (attention, MLP, attention, ...)."""
+    return [v for pair in zip(measured(record, 'attn', stat), measured(record, 'mlp', stat)) for v in pair]
+
+
+def save(fig, path, written):
+    fig.savefig(path, dpi=110, bbox_inches='tight')  # a legend wider than the panels stays whole
+    written.append(path)
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+
+
 @errors.entry
 def main(argv=None):
     args = plots.run_arguments(argv, __doc__, 'out-plots/dynamics', 'prefix of the PNG files')
@@ -59,8 +98,30 @@ def main(argv=None):
     runs = [(read(d, 'dynamics'), read(d, 'log')) for d in args.runs]
     os.makedirs(os.path.dirname(args.out) or '.', exist_ok=True)
     runs = [(label(d), records, log) for d, (records, log) in zip(args.runs, runs)]
-    n_blocks = max(len(records[0]['attn']['cos']) for _, records, _ in runs)
     written = []
+    stat_figures(plt, runs, args.out, written)
+    for name, panels in BY_DEPTH:
+        depth_figure(plt, runs, f"{args.out}_{name}.png", panels, written)
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for color, (name, _, log) in enumerate(runs):
+        points = [(r['iter'], r['effective_rank']) for r in log if 'effective_rank' in r]
+        if points:
+            ax.plot(*zip(*points), color=f'C{color}', marker='.', label=name)
+    ax.set_xlabel('iteration')
+    ax.set_ylabel('effective rank of the final representation')
+    ax.legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.01, 1))  # beside the axes: hides no line
+    save(fig, f"{args.out}_effective_rank.png", written)
+    for key in HEATMAPS:
+        heatmaps(plt, runs, f"{args.out}_{key}.png", key, written)
+    beta_figure(plt, runs, f"{args.out}_ddl_beta.png", written)
+    print('wrote ' + ', '.join(written))
+    print(final_table(runs))
+
+
+def stat_figures(plt, runs, out, written):
+    """OUT_<stat>.png for each of STATS that some run measured: attention and MLP rows, a column per block, the
+    statistic against the iteration, a line per run."""
+    n_blocks = max(len(records[0]['attn']['cos']) for _, records, _ in runs)
     for stat in STATS:
         drawn = [name for name, records, _ in runs
                  if any(v is not None for r in records for sub in ('attn', 'mlp') for v in measured(r, sub, stat))]
@@ -89,36 +150,89 @@ def main(argv=None):
         handles, labels = axes[0][0].get_legend_handles_labels()
         fig.legend(handles, labels, loc='upper center', ncol=min(len(drawn), 3), fontsize=7)
         fig.tight_layout(rect=(0, 0, 1, 1 - 0.2 * legend_rows / (4.6 + 0.2 * legend_rows) - 0.02))
-        written.append(f"{args.out}_{stat}.png")
-        fig.savefig(written[-1], dpi=110, bbox_inches='tight')  # a legend wider than the panels stays whole
-        plt.close(fig)
+        save(fig, f"{out}_{stat}.png", written)
 
-    def finish(fig, ax, xlabel, ylabel, name, fontsize):  # a one-panel figure: labels, legend, file
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
-        fig.tight_layout()
-        ax.legend(fontsize=fontsize, loc='upper left', bbox_to_anchor=(1.01, 1))  # beside the axes: hides no line
-        written.append(f"{args.out}_{name}.png")
-        fig.savefig(written[-1], dpi=110, bbox_inches='tight')
-        plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(6, 3.5))  # the stream by depth: does it grow with the layers (PreNorm's dilution)?
-    for color, (name, records, _) in enumerate(runs):
-        last = records[-1]
-        depth = [v for pair in zip(measured(last, 'attn', 'stream_sq'), measured(last, 'mlp', 'stream_sq')) for v in pair]
-        ax.plot(range(1, len(depth) + 1), depth, color=f'C{color}', marker='.', label=f"{name}, iter {last['iter']}")
-    ax.set_yscale('log')
-    ax.xaxis.get_major_locator().set_params(integer=True)
-    finish(fig, ax, 'sublayer (attention, MLP, attention, ...)', '||x||² of what the branch read', 'stream_by_depth', 6)
+def depth_figure(plt, runs, path, panels, written):
+    """A figure of panels against the sublayer at each run's last measurement, a colour per run and a line style
+    per statistic, on log axes; none where no run measured any of its statistics (a rule without them, older logs)."""
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import LogFormatter
+    drawn = [[(color, name, records[-1], stat, style) for color, (name, records, _) in enumerate(runs)
+              for stat, style, _ in stats if any(v is not None for v in by_depth(records[-1], stat))]
+             for _, stats in panels]
+    if not any(drawn):
+        return
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 3.5), squeeze=False)
+    for ax, (title, _), lines in zip(axes[0], panels, drawn):
+        for color, _, last, stat, style in lines:
+            values = [float('nan') if v is None else v for v in by_depth(last, stat)]
+            ax.plot(range(1, len(values) + 1), values, color=f'C{color}', ls=style, marker='.')
+        ax.set_yscale('log')
+        for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):  # 1.5, not 1.5 x 10^0
+            axis(LogFormatter(labelOnlyBase=False))
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.set_xlabel(SUBLAYER)
+        ax.set_title(title, fontsize=9)
+    shown = dict.fromkeys((color, name, last['iter']) for lines in drawn for color, name, last, _, _ in lines)
+    styles = dict.fromkeys((style, what) for _, stats in panels for _, style, what in stats if what)
+    handles = ([Line2D([], [], color=f'C{color}', marker='.', label=f"{name}, iter {it}") for color, name, it in shown]
+               + [Line2D([], [], color='k', ls=style, label=what) for style, what in styles])
+    fig.tight_layout()
+    fig.legend(handles=handles, loc='upper center', bbox_to_anchor=(0.5, 0), ncol=2, fontsize=7)
+    save(fig, path, written)
 
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    for color, (name, _, log) in enumerate(runs):
-        points = [(r['iter'], r['effective_rank']) for r in log if 'effective_rank' in r]
-        if points:
-            ax.plot(*zip(*points), color=f'C{color}', marker='.', label=name)
-    finish(fig, ax, 'iteration', 'effective rank of the final representation', 'effective_rank', 7)
-    print('wrote ' + ', '.join(written))
-    print(final_table(runs))
+
+def heatmaps(plt, runs, path, key, written):
+    """A heat map per run whose last measurement holds key (HEATMAPS): rows the readers in order, columns their
+    sources in order (the embeddings first), each row as long as its reader's sources, the values written in."""
+    import numpy as np
+    found = [(name, records[-1]) for name, records, _ in runs if key in records[-1]]
+    if not found:
+        return
+    title, readers, names = HEATMAPS[key]
+    fig, axes = plt.subplots(1, len(found), figsize=(4.5 * len(found), 4), squeeze=False)
+    for ax, (name, last) in zip(axes[0], found):
+        rows = last[key]
+        grid = np.full((len(rows), max(map(len, rows))), np.nan)
+        for i, row in enumerate(rows):
+            grid[i, :len(row)] = row
+        top = np.nanmax(np.abs(grid))
+        fig.colorbar(ax.imshow(grid, cmap='RdBu_r', vmin=-top, vmax=top, aspect='auto'), ax=ax, shrink=0.8)  # 0 white
+        for (i, j), v in np.ndenumerate(grid if grid.shape[1] <= 12 else []):  # where there is room for them
+            if not np.isnan(v):
+                ax.text(j, i, f'{v:.2f}', ha='center', va='center', fontsize=6, color='w' if abs(v) > top / 2 else 'k')
+        ax.set_xticks(range(grid.shape[1]))
+        ax.set_yticks(range(len(rows)), names(len(rows)))
+        ax.set_xlabel('source (0: the embeddings, then each output in order)', fontsize=8)
+        ax.set_ylabel(readers, fontsize=8)
+        ax.set_title(f"{name}, iter {last['iter']}", fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    save(fig, path, written)
+
+
+def beta_figure(plt, runs, path, written):
+    """DDL's beta at each run's last measurement: a histogram per sublayer (its colour from the first sublayer to
+    the last), the legend giving the fractions of the tokens near 0, 1 and 2 (within 0.1: the bins at the ends and
+    the two beside 1)."""
+    found = [(name, records[-1]) for name, records, _ in runs if 'ddl_beta' in records[-1]]
+    if not found:
+        return
+    fig, axes = plt.subplots(1, len(found), figsize=(6 * len(found), 3.5), squeeze=False)
+    edges = [2 * i / BETA_BINS for i in range(BETA_BINS + 1)]
+    for ax, (name, last) in zip(axes[0], found):
+        hists = last['ddl_beta']
+        for l, h in enumerate(hists):
+            near = (h[0], h[BETA_BINS // 2 - 1] + h[BETA_BINS // 2], h[-1])
+            ax.stairs(h, edges, color=plt.cm.viridis(l / max(len(hists) - 1, 1)),
+                      label=f"l = {l + 1}: near 0, 1, 2: " + ', '.join(f'{f:.0%}' for f in near))
+        ax.set_title(f"{name}, iter {last['iter']}", fontsize=8)
+        ax.set_xlabel('β (DDL): 0 keeps x, 1 sets <k, x> = v, 2 reflects')
+        ax.set_ylabel('fraction of the tokens')
+        ax.legend(fontsize=6, loc='upper left', bbox_to_anchor=(1.01, 1))
+    fig.tight_layout()
+    save(fig, path, written)
 
 
 def final_table(runs):

@@ -60,8 +60,14 @@ def test_dynamics_log_and_plots(run, logs, tmp_path, block):
     with open(out / 'dynamics.jsonl') as f:
         lines = [json.loads(line) for line in f]
     assert [r['iter'] for r in lines] == [5, 10, 15, 20]
-    assert all(len(r[sub][s]) == 2 for r in lines for sub in ('attn', 'mlp') for s in diagnostics.STATS)
+    names = diagnostics.STATS + diagnostics.DEPTH_STATS
+    assert all(len(r[sub][s]) == 2 for r in lines for sub in ('attn', 'mlp') for s in names)
     assert all(0 < t < 10 for r in lines for t in r['attn']['theta'] + r['mlp']['theta'])
+    # the gradients and the stream map's gains measured, no mixing in one stream: None
+    depth = [r[sub][s] for r in lines for sub in ('attn', 'mlp') for s in diagnostics.DEPTH_STATS[:5]]
+    assert all(v is not None and 0 < v < 100 for values in depth for v in values)
+    assert all(v is None for r in lines for s in diagnostics.MIXING_GAINS for v in r['attn'][s] + r['mlp'][s])
+    assert all(r['attn']['map_rms'][b] <= r['attn']['map_max'][b] * 1.0001 for r in lines for b in range(2))
     ranks = [r['effective_rank'] for r in logs.records(out) if 'val_loss' in r]
     assert len(ranks) == 3 and all(1 <= e <= 32 for e in ranks)
     # measuring draws no random numbers and changes nothing: the same losses as without it
@@ -69,8 +75,8 @@ def test_dynamics_log_and_plots(run, logs, tmp_path, block):
     assert strip(out) == strip(plain)
     plot_dynamics.main([str(out), '--out', str(tmp_path / 'dyn')])
     assert sorted(p.name for p in tmp_path.glob('dyn_*.png')) == [
-        'dyn_cos.png', 'dyn_effective_rank.png', 'dyn_par_sq.png', 'dyn_perp_sq.png', 'dyn_stream_by_depth.png',
-        'dyn_stream_sq.png', 'dyn_theta.png']
+        'dyn_cos.png', 'dyn_effective_rank.png', 'dyn_magnitudes.png', 'dyn_par_sq.png', 'dyn_perp_sq.png',
+        'dyn_stream_by_depth.png', 'dyn_stream_gain.png', 'dyn_stream_sq.png', 'dyn_theta.png']
 
 
 def test_dynamics_log_h_res_and_its_plot(run, tmp_path, capsys):
@@ -84,18 +90,43 @@ def test_dynamics_log_h_res_and_its_plot(run, tmp_path, capsys):
         with open(out / 'dynamics.jsonl') as f:
             lines = [json.loads(line) for line in f]
         assert [r['iter'] for r in lines] == [10, 20]
-        last[name] = {s: lines[-1]['attn'][s] + lines[-1]['mlp'][s] for s in ('res_offdiag', 'res_dist', 'res_angle')}
+        last[name] = {s: lines[-1]['attn'][s] + lines[-1]['mlp'][s]
+                      for s in ('res_offdiag', 'res_dist', 'res_angle', 'comp_fwd_max', 'comp_fwd_min', 'comp_bwd_max')}
     assert all(0.3 < m < 0.75 for m in last['sinkhorn']['res_offdiag']) and last['sinkhorn']['res_angle'] == [None] * 4
     assert all(0 < m < 0.1 for m in last['cayley']['res_offdiag'])  # moved from I, a little, in 20 steps
     assert all(0 < a < math.pi for a in last['cayley']['res_angle'])
+    # Sinkhorn's rows sum to 1, its columns not; the Cayley mixer's composite keeps sums near 1 after 20 steps
+    assert all(abs(g - 1) < 1e-5 for g in last['sinkhorn']['comp_fwd_max'] + last['sinkhorn']['comp_fwd_min'])
+    assert all(0.5 < g < 2 for g in last['cayley']['comp_fwd_max'] + last['cayley']['comp_bwd_max'])
     plot_dynamics.main([str(sinkhorn), str(cayley), '--out', str(tmp_path / 'dyn')])
-    assert {'dyn_res_offdiag.png', 'dyn_res_dist.png', 'dyn_res_angle.png'} <= {p.name for p in tmp_path.glob('*.png')}
+    assert {'dyn_res_offdiag.png', 'dyn_res_dist.png', 'dyn_res_angle.png', 'dyn_mixing_gain.png'} <= {
+        p.name for p in tmp_path.glob('*.png')}
     table = capsys.readouterr().out.splitlines()
     row = next(line for line in table if line.startswith('| cayley'))
     cells = row.strip('|').split('|')
     offdiag = float(cells[2 + diagnostics.STATS.index('res_offdiag')])
     assert offdiag == pytest.approx(sum(last['cayley']['res_offdiag']) / 4, rel=1e-3)
     assert next(line for line in table if line.startswith('| sinkhorn')).rstrip(' |').endswith('-')  # no angle
+
+
+def test_dynamics_log_what_the_depth_rules_weigh_and_its_plots(run, tmp_path):
+    """Attention Residuals' weights over depth (each read's sum to 1, the output's over 2L + 1 = 5 sources),
+    DenseFormer's per block, DDL's beta as a histogram per sublayer, in the log and in their figures."""
+    args = ['--max_iters=10', '--eval_interval=10', '--dynamics=True', '--dynamics_interval=10']
+    outs = [run(*args, config=f'shakespeare_{rule}.py', out=rule) for rule in ('attnres', 'denseformer', 'ddl')]
+    last = []
+    for out in outs:
+        with open(out / 'dynamics.jsonl') as f:
+            last.append([json.loads(line) for line in f][-1])
+    weights = last[0]['attnres_weights']
+    assert [len(w) for w in weights] == [1, 2, 3, 4, 5] and all(sum(w) == pytest.approx(1) for w in weights)
+    assert [len(a) for a in last[1]['denseformer_alpha']] == [2, 3]
+    assert len(last[2]['ddl_beta']) == 4 and all(sum(h) == pytest.approx(1) for h in last[2]['ddl_beta'])
+    assert last[0]['attn']['out_grad'] == [None, None] and None not in last[0]['attn']['branch_grad']
+    plot_dynamics.main([*map(str, outs), '--out', str(tmp_path / 'dyn')])
+    assert {'dyn_attnres_weights.png', 'dyn_denseformer_alpha.png', 'dyn_ddl_beta.png', 'dyn_magnitudes.png',
+            'dyn_stream_gain.png'} <= {p.name for p in tmp_path.glob('*.png')}
+    assert not (tmp_path / 'dyn_mixing_gain.png').exists()
 
 
 def test_dynamics_off_measures_nothing(run, logs):
