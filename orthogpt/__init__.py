@@ -22,6 +22,12 @@ Imports flow one way: model.py <- configure/ <- this package <- scripts and tool
     estimate     how long a CPU run will take, from timed steps
     flops        FLOPs per token of a training step, every rule's extra work counted
     scaling      loss against compute: the fit L(C) = E + A C^-alpha and a rule's compute multiplier
+    sweep        the experiment engine of tools/compare.py and tools/miniseries.py: a comparison planned, run, read back
+    planning     a comparison's runs: configs x settings x seeds, each a train.py argv in the folder named for it
+    launcher     a plan's runs as train.py processes, a few at a time, watched, stopped by a signal with a checkpoint
+    stats        a comparison's numbers: mean ± std, paired differences ± standard error, the speedup protocol
+    results      a comparison's results.md
+    series       a scaling series read back through its plan, and its fits and compute multipliers
     logs         a run's log.jsonl (and Weights & Biases): written, read, damaged lines dropped
     plots        validation curves of runs in one figure
     diagnostics  measurements of the residual stream: gradient norms, update statistics

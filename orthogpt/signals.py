@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
-# looked up now, not in a child between fork and exec (compare.py's preexec_fn), where it could deadlock
+# looked up now, not in a child between fork and exec (orthogpt/launcher.py's preexec_fn), where it could deadlock
 PRCTL = ctypes.CDLL(None).prctl if sys.platform == 'linux' else None
 
 

@@ -12,8 +12,9 @@ its final loss fitted against training compute, and each rule's compute multipli
         --depths=2,3,4,5 --seeds=2 --block_size=1024 --batch_size=16 --eval_interval=500 --eval_iters=20 \\
         --nproc=4 --out=out-miniseries-fineweb
 
-The runs: one `python tools/compare.py CONFIGS [--stack=...] --set depth=D1,D2,.. --seeds=N --out=OUT
---baseline=BASE --nproc=N [--per ...] [--key=value ...]` in a process of its own, so a run is
+The runs: the comparison of `python tools/compare.py CONFIGS [--stack=...] --set depth=D1,D2,.. --seeds=N
+--out=OUT --baseline=BASE --nproc=N [--per ...] [--key=value ...]`, run in this process by the engine
+compare.py is a command line of (orthogpt/sweep.py), so a run is
 `python train.py CONFIG [STACK] [--key=value ...] --depth=D --seed=S` in its own folder under OUT.
 The depth comes after the other keys, and its rule (python train.py --help) sets n_layer = n_head =
 D, n_embd = aspect x D and, with tokens_per_param > 0, max_iters from a budget of tokens_per_param
@@ -21,7 +22,7 @@ tokens per parameter of the blocks; it scales the learning_rate set before it to
 --aspect sets the width per layer, --tokens_per_param the budget, and --max_iters goes with
 --tokens_per_param=0.
 
-compare.py keeps finished runs, resumes interrupted ones from their checkpoints and writes
+As compare.py does, it keeps finished runs, resumes interrupted ones from their checkpoints and writes
 OUT/results.md (the paired differences at each depth) and OUT/curves.png: the same command after an
 interruption (Ctrl-C, SIGTERM) finishes the series without rerunning what finished. While it runs,
 a line (whenever a run finishes, and every 30 s) tells how many runs have finished, the iteration of
@@ -29,9 +30,8 @@ each running one, and about how long the rest will take: the FLOPs left at the s
 minutes (those of a size not started yet extrapolated from the sizes started, as a power of the
 depth).
 
-Then, from each run's folder alone (found by its name, which starts with its config's file name as
-compare.py names it; config.json: its depth and seed; log.jsonl: its parameters, FLOPs per token,
-tokens per iteration, final val loss, val_bpb and training seconds), it fits
+Then, from each planned run's folder (config.json: its max_iters; log.jsonl: its parameters, FLOPs
+per token, tokens per iteration, final val loss, val_bpb and training seconds), it fits
 L(C) = E + A·C^(−α) per rule over its runs' (compute, final val loss) points, with C the training
 FLOPs (FLOPs per token x tokens per iteration x iterations), by least squares; the uncertainties
 are the fit's covariance, s² (JᵀJ)⁻¹, propagated by the delta method (orthogpt/scaling.py). The
@@ -52,19 +52,18 @@ import json
 import math
 import os
 import shlex
-import signal
-import statistics
-import subprocess
 import sys
 import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository: tools/compare.py
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 sys.path.insert(0, ROOT)
-from orthogpt import errors, files, logs, plots, progress, scaling, signals  # noqa: E402
+from orthogpt import errors, files, launcher, plots, progress, series, sweep  # noqa: E402
 from orthogpt.errors import UserError  # noqa: E402
 from orthogpt.estimate import duration  # noqa: E402
+from orthogpt.planning import config_name  # noqa: E402
+from orthogpt.results import markdown as table_lines  # noqa: E402
 
 POLL = 2.0  # seconds between looks at the run folders
 COMPARES = ('set', 'tune', 'lengths', 'switch', 'switch_at', 'switch_reset', 'reach')  # compare.py's, not the series'
@@ -74,11 +73,8 @@ OWN = {'depth': 'the sizes go as --depths=D1,D2,...', 'seed': 'the seeds are 1..
                                             'give the width per layer with --aspect')}
 
 
-def stem(path):
-    return os.path.splitext(os.path.basename(path))[0]
-
-
 def parse_args(argv):
+    """(the arguments, checked; the comparison of the series' runs, a sweep.Spec)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 allow_abbrev=False)  # --depth=3 is a config key, not --depths
     p.add_argument('configs', nargs='+', help='config files, one residual rule each')
@@ -93,7 +89,9 @@ def parse_args(argv):
     p.add_argument('--out', default='out-miniseries', help='folder for the runs, miniseries.md/.json/.png')
     args, extra = p.parse_known_args(argv)
     check(args, extra)
-    return args, extra
+    return args, sweep.Spec(configs=args.configs, stack=args.stack, extra=extra, seeds=args.seeds,
+                            set=[f"depth={','.join(map(str, args.depths))}"], per=args.per, baseline=args.baseline,
+                            nproc=args.nproc, out=args.out)
 
 
 def check(args, extra):
@@ -101,7 +99,7 @@ def check(args, extra):
     for c in args.configs:
         if not os.path.isfile(c):
             raise UserError(f"config file {c!r} not found; the configs live in config/, e.g. config/shakespeare_add.py")
-    names = [stem(c) for c in args.configs]
+    names = [config_name(c) for c in args.configs]
     if len(set(names)) < len(names):
         raise UserError(f"two configs share a file name ({', '.join(names)}): the runs' folders and the table name "
                         "each config by its file name")
@@ -115,7 +113,7 @@ def check(args, extra):
     args.depths = sorted(set(depths))
     if args.seeds < 1 or args.nproc < 1:
         raise UserError("--seeds and --nproc take a whole number of 1 or more")
-    args.baseline = stem(args.baseline) if args.baseline else names[0]
+    args.baseline = config_name(args.baseline) if args.baseline else names[0]
     if args.baseline not in names:
         raise UserError(f"--baseline={args.baseline} is none of the configs ({', '.join(names)})")
     keys = [a[2:].partition('=')[0] for a in extra]
@@ -132,94 +130,39 @@ def check(args, extra):
                         "(tokens_per_param x the blocks' parameters)")
 
 
-def compare_argv(args, extra):
-    return [sys.executable, os.path.join(ROOT, 'tools', 'compare.py'), *args.configs,
-            *(f'--stack={s}' for s in args.stack), '--set', f"depth={','.join(map(str, args.depths))}",
-            f'--seeds={args.seeds}', f'--out={args.out}', f'--baseline={args.baseline}', f'--nproc={args.nproc}',
-            '--progress=0',  # the series' own line counts FLOPs: runs of several sizes cost unlike amounts a step
-            *(f'--per={p}' for p in args.per), *extra]
+class Watch:
+    """The series' progress line while the engine runs it: the runs' folders looked at every POLL
+    seconds and whenever a run ends, the line printed whenever a run finishes and every
+    progress.EVERY seconds (the engine's own line counts iterations: runs of several sizes cost
+    unlike amounts a step)."""
 
+    def __init__(self, runs):
+        self.runs, self.speed, self.pending = runs, progress.Speed(), None
+        seen = series.survey(runs)
+        self.speed.see(series.flops(seen)[0])
+        self.shown, self.at = series.finished(seen), time.monotonic()
+        self.looked = self.at
+        print(progress_line(seen, self.speed).split(';')[0] + " before this command", flush=True)
 
-def planned(args):
-    """(config name, depth, seed) of every run of the series."""
-    return [(stem(c), d, s) for c in args.configs for d in args.depths for s in range(1, args.seeds + 1)]
-
-
-def read_json(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
-def folders(args):
-    """{(config name, depth, seed): the run's folder} of the series' runs found in OUT: a folder
-    whose name starts with its config's file name (compare.py names them so; the longest name
-    wins, 'NAME' or 'NAME-...'), whose config.json holds the depth and seed."""
-    names, found = {stem(c) for c in args.configs}, {}
-    for entry in sorted(os.listdir(args.out)) if os.path.isdir(args.out) else []:
-        mine = [n for n in names if entry == n or entry.startswith((n + '-', n + ' '))]
-        cfg = read_json(os.path.join(args.out, entry, 'config.json')) if mine else None
-        if not cfg:
-            continue
-        key = (max(mine, key=len), cfg.get('depth'), cfg.get('seed'))
-        if key[1] in args.depths and 1 <= (key[2] or 0) <= args.seeds:
-            if key in found:
-                raise UserError(f"{args.out} holds two runs of {key[0]} at depth {key[1]}, seed {key[2]}: "
-                                f"{found[key]} and {entry}; remove the one that is not of this series, or use another --out")
-            found[key] = entry
-    return {k: os.path.join(args.out, v) for k, v in found.items()}
-
-
-def inspect(folder):
-    """What a run's folder shows: its config, start record, last iteration, final evaluation (the
-    one at max_iters, None before it) and FLOPs per iteration (None before its start record)."""
-    cfg, records = read_json(os.path.join(folder, 'config.json')), logs.read(folder)
-    start = next((r for r in records if r.get('event') == 'start'), {})
-    final = next((r for r in records if 'val_loss' in r and r['iter'] == cfg['max_iters']), None)
-    per_iter = start['flops_per_token'] * start['tokens_per_iter'] if 'flops_per_token' in start else None
-    log = os.path.join(folder, 'log.jsonl')
-    return dict(folder=folder, cfg=cfg, start=start, final=final, per_iter=per_iter,
-                iter=max((r['iter'] for r in records), default=0),
-                changed=os.path.getmtime(log) if os.path.exists(log) else 0)
-
-
-def survey(args):
-    """{planned run: inspect(its folder), or None where it has none yet}."""
-    found = folders(args)
-    return {key: inspect(found[key]) if key in found else None for key in planned(args)}
-
-
-def flops(runs):
-    """(FLOPs done, FLOPs of the whole series or None where unknown): the series' runs' training
-    FLOPs; a run not started yet counts the mean of its depth's started runs, or a power law in
-    depth through the started depths' means (None with fewer than two)."""
-    started = {k: r for k, r in runs.items() if r and r['per_iter']}
-    done = sum(r['per_iter'] * min(r['iter'], r['cfg']['max_iters']) for r in started.values())
-    by_depth = {}
-    for (_, depth, _), r in started.items():
-        by_depth.setdefault(depth, []).append(r['per_iter'] * r['cfg']['max_iters'])
-    means = {d: statistics.mean(v) for d, v in by_depth.items()}
-    if len(means) < 2 and len(started) < len(runs):
-        return done, None
-    slope, offset = np.polyfit(np.log(list(means)), np.log(list(means.values())), 1) if len(means) > 1 else (0, 0)
-    total = sum(started[k]['per_iter'] * started[k]['cfg']['max_iters'] if k in started else
-                means.get(k[1], math.exp(offset + slope * math.log(k[1]))) for k in runs)
-    return done, total
-
-
-def finished(runs):
-    return sum(1 for r in runs.values() if r and r['final'])
+    def tick(self, todo, running):
+        """launcher.launch's look: todo, the runs not started; running, the Jobs."""
+        if time.monotonic() - self.looked < POLL and len(todo) + len(running) == self.pending:
+            return
+        self.looked, self.pending = time.monotonic(), len(todo) + len(running)
+        seen = series.survey(self.runs)
+        self.speed.see(series.flops(seen)[0])
+        if series.finished(seen) != self.shown or time.monotonic() - self.at > progress.EVERY:
+            print(progress_line(seen, self.speed), flush=True)
+            self.shown, self.at = series.finished(seen), time.monotonic()
 
 
 def progress_line(runs, speed):
-    """'miniseries: N/M runs finished; RUN at iteration I of N; about T left' (the running runs: those
-    whose log changed within the speed's window; the time left: the FLOPs left at the speed of that
-    window, progress.Speed, which has seen the FLOPs done)."""
-    done, total = flops(runs)
-    line = f"miniseries: {finished(runs)}/{len(runs)} runs finished"
-    if finished(runs) == len(runs):
+    """'miniseries: N/M runs finished; RUN at iteration I of N; about T left' of a survey (the running
+    runs: those whose log changed within the speed's window; the time left: the FLOPs left at the
+    speed of that window, progress.Speed, which has seen the FLOPs done)."""
+    done, total = series.flops(runs)
+    line = f"miniseries: {series.finished(runs)}/{len(runs)} runs finished"
+    if series.finished(runs) == len(runs):
         return line
     recent = time.time() - speed.window
     line += ''.join(f"; {os.path.basename(r['folder'])} at iteration {r['iter']} of {r['cfg']['max_iters']}"
@@ -227,108 +170,6 @@ def progress_line(runs, speed):
     left = None if total is None else speed.left(total - done)
     return line + ("; time left: known once runs of two sizes have run a while" if left is None else
                    f"; about {duration(left)} left at the recent speed")
-
-
-def run_series(args, extra):
-    """compare.py over the whole series, in a session of its own (a Ctrl-C here reaches it once, as
-    SIGTERM: its runs save and stop), with a progress line whenever a run finishes and every
-    progress.EVERY seconds."""
-    runs, speed = survey(args), progress.Speed()
-    speed.see(flops(runs)[0])
-    print(progress_line(runs, speed).split(';')[0] + " before this command", flush=True)
-    proc = subprocess.Popen(compare_argv(args, extra), start_new_session=True, preexec_fn=signals.stop_with_parent)
-
-    def stop(signum, frame):
-        raise KeyboardInterrupt
-    signal.signal(signal.SIGTERM, stop)
-    shown, at = finished(runs), time.time()
-    try:
-        while proc.poll() is None:
-            time.sleep(POLL)
-            runs = survey(args)
-            speed.see(flops(runs)[0])
-            if finished(runs) != shown or time.time() - at > progress.EVERY:
-                print(progress_line(runs, speed), flush=True)
-                shown, at = finished(runs), time.time()
-    except KeyboardInterrupt:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait()
-        print(f"miniseries interrupted with {finished(survey(args))}/{len(runs)} runs finished; the same command keeps "
-              "them and runs the rest", flush=True)
-        raise
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    if proc.returncode:
-        raise UserError(f"tools/compare.py stopped with exit status {proc.returncode} (its message is above); fix what "
-                        "it names and run the same command again: finished runs are kept")
-
-
-def measured(runs):
-    """({config: {depth: [a dict per finished run: seed, folder, loss, bpb, compute, wall_s,
-    parameters, flops_per_token]}}, [a dict per run left out: config, depth, seed, folder, why])."""
-    series, missing = {}, []
-    for (name, depth, seed), r in runs.items():
-        if not r or not r['final'] or r['per_iter'] is None or not math.isfinite(r['final']['val_loss']):
-            why = ('not run' if not r else 'not finished' if not r['final'] else
-                   'no FLOPs in its log (trained before they were logged)' if r['per_iter'] is None else 'non-finite loss')
-            missing.append(dict(config=name, depth=depth, seed=seed, folder=r and r['folder'], why=why))
-            continue
-        series.setdefault(name, {}).setdefault(depth, []).append(dict(
-            seed=seed, folder=r['folder'], loss=r['final']['val_loss'], bpb=r['final'].get('val_bpb'),
-            compute=r['per_iter'] * r['final']['iter'], wall_s=r['final'].get('train_s'),
-            parameters=r['start'].get('parameters'), flops_per_token=r['start']['flops_per_token']))
-    return series, missing
-
-
-def spread(values):
-    """{'mean', 'std' (None for one value), 'n'}, or None for no values."""
-    values = [v for v in values if v is not None]
-    if not values:
-        return None
-    return dict(mean=statistics.mean(values), std=statistics.stdev(values) if len(values) > 1 else None, n=len(values))
-
-
-def fitted(sizes):
-    """scaling.fit over every run of a config, or {'error': why there is none}."""
-    points = [(r['compute'], r['loss']) for runs in sizes.values() for r in runs]
-    try:
-        return scaling.fit(*zip(*points))
-    except scaling.NoFit as e:
-        return {'error': str(e)}
-
-
-def analyse(series, baseline):
-    """{config: {'fit': Fit or {'error'}, 'sizes': [{depth, parameters, flops_per_token, compute,
-    seeds, runs, loss, bpb, wall_s, multiplier, fitted_multiplier}]}}; the multipliers over
-    baseline's fit (None for the baseline itself)."""
-    fits = {name: fitted(sizes) for name, sizes in series.items()}
-    base = fits.get(baseline, {'error': 'it has no finished run'})
-    found = {}
-    for name, sizes in series.items():
-        rows = []
-        for depth, runs in sorted(sizes.items()):
-            loss, compute = spread([r['loss'] for r in runs]), statistics.mean(r['compute'] for r in runs)
-            row = dict(depth=depth, parameters=runs[0]['parameters'], flops_per_token=runs[0]['flops_per_token'],
-                       compute=compute, seeds=[r['seed'] for r in runs], runs=runs, loss=loss,
-                       bpb=spread([r['bpb'] for r in runs]), wall_s=spread([r['wall_s'] for r in runs]),
-                       multiplier=None, fitted_multiplier=None)
-            if name != baseline:
-                row['multiplier'], row['fitted_multiplier'] = multipliers(base, fits[name], loss, compute)
-            rows.append(row)
-        found[name] = dict(fit=fits[name], sizes=rows)
-    return found
-
-
-def multipliers(base, rule, loss, compute):
-    """(measured, fitted) scaling.Multiplier of a size over the baseline's fit."""
-    if isinstance(base, dict):
-        none = scaling.Multiplier(None, None, f"the baseline has no fit: {base['error']}")
-        return none, none
-    se = loss['std'] / math.sqrt(loss['n']) if loss['std'] is not None else 0.0
-    measured_m = scaling.multiplier(base, loss['mean'], compute, se)
-    fitted_m = (scaling.fitted_multiplier(base, rule, compute) if not isinstance(rule, dict) else
-                scaling.Multiplier(None, None, f"no fit: {rule['error']}"))
-    return measured_m, fitted_m
 
 
 def cell(value, se=None, fmt='{:.4f}'):
@@ -373,19 +214,16 @@ def markdown(results, baseline, missing, command, nproc):
              '(fitted), over the size\'s compute; ± its standard error by the delta method from the fits\' '
              'least-squares covariance, s² (JᵀJ)⁻¹ (orthogpt/scaling.py).'
              + (f' The runs ran {nproc} at a time: their training times shared the machine.' if nproc > 1 else ''),
-             '', '| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
-    for name, r in results.items():
-        for s in r['sizes']:
-            lines.append('| ' + ' | '.join([
-                f"`{name}`", str(s['depth']), f"{s['parameters']:,}" if s['parameters'] else '-',
-                f"{s['flops_per_token']:.3g}", f"{s['compute']:.3g}", str(len(s['seeds'])), spread_cell(s['loss']),
-                spread_cell(s['bpb']), spread_cell(s['wall_s'], '{:.3g}'),
-                multiplier_cell(s['multiplier'], notes), multiplier_cell(s['fitted_multiplier'], notes)]) + ' |')
-    lines += ['', '| rule | E | A | α | points | residual sum of squares | fitted multiplier at its largest size |',
-              '|---|---|---|---|---|---|---|']
-    for name, r in results.items():
-        last = r['sizes'][-1]['fitted_multiplier'] if r['sizes'] else None
-        lines.append('| ' + ' | '.join([f"`{name}`", *fit_cells(r['fit']), multiplier_cell(last, notes)]) + ' |')
+             '', *table_lines(head, [[
+                 f"`{name}`", str(s['depth']), f"{s['parameters']:,}" if s['parameters'] else '-',
+                 f"{s['flops_per_token']:.3g}", f"{s['compute']:.3g}", str(len(s['seeds'])), spread_cell(s['loss']),
+                 spread_cell(s['bpb']), spread_cell(s['wall_s'], '{:.3g}'), multiplier_cell(s['multiplier'], notes),
+                 multiplier_cell(s['fitted_multiplier'], notes)] for name, r in results.items() for s in r['sizes']]),
+             '', *table_lines(['rule', 'E', 'A', 'α', 'points', 'residual sum of squares',
+                               'fitted multiplier at its largest size'],
+                              [[f"`{name}`", *fit_cells(r['fit']),
+                                multiplier_cell(r['sizes'][-1]['fitted_multiplier'] if r['sizes'] else None, notes)]
+                               for name, r in results.items()])]
     lines += [''] + [f"[{i}] {n}" for i, n in enumerate(notes, 1)]
     lines += [f"- `{m['config']}` depth {m['depth']} seed {m['seed']}: {m['why']}" + (f" ({m['folder']})" if m['folder']
                                                                                         else '') for m in missing]
@@ -425,12 +263,12 @@ def figure(results, path):
     plots.scaling(series, path)
 
 
-def report(args, command):
-    """OUT/miniseries.md, .json and .png from the runs' folders; the analysis."""
-    series, missing = measured(survey(args))
-    if not series:
+def report(args, runs, command):
+    """OUT/miniseries.md, .json and .png from the folders of the runs (series.keyed); the analysis."""
+    measured, missing = series.measured(series.survey(runs))
+    if not measured:
         raise UserError(f"{args.out} holds no finished run of this series: run it first (the same command)")
-    results = analyse({stem(c): series[stem(c)] for c in args.configs if stem(c) in series}, args.baseline)
+    results = series.analyse(measured, args.baseline)
     text = markdown(results, args.baseline, missing, command, args.nproc)
     files.write_text(os.path.join(args.out, 'miniseries.md'), text)
     record = as_json(results, args.baseline, missing, command)
@@ -442,9 +280,17 @@ def report(args, command):
 
 @errors.entry
 def main(argv=None):
-    args, extra = parse_args(argv)
-    run_series(args, extra)
-    return report(args, 'python tools/miniseries.py ' + shlex.join(sys.argv[1:] if argv is None else argv))
+    """The series' comparison, run by the engine in this process, then its report."""
+    args, spec = parse_args(argv)
+    command = 'python tools/miniseries.py ' + shlex.join(sys.argv[1:] if argv is None else argv)
+    runs = series.keyed(sweep.planned(spec))
+    try:
+        sweep.compare(spec, command, list(runs.values()), Watch(runs))
+    except launcher.Stopped:  # the runs have saved their checkpoints
+        print(f"miniseries interrupted with {series.finished(series.survey(runs))}/{len(runs)} runs finished; the "
+              "same command keeps them and runs the rest", flush=True)
+        raise
+    return report(args, runs, command)
 
 
 if __name__ == '__main__':

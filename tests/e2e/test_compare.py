@@ -1,8 +1,8 @@
 """compare.py end to end: two tiny configs x 2 seeds, resume without rerunning, the table against
-the runs' own logs, a failing run reported in the table, and one comparison per folder, whose runs
-stop with it; its analysis and tables on hand-computed numbers."""
+the runs' own logs, a failing run reported in the table, one comparison per folder, whose runs
+stop with it, tuning, the speedup protocol and the switch. The engine's parts that run nothing
+(planning, the statistics, the tables) are tested in tests/unit/test_sweep.py and test_stats.py."""
 
-import ast
 import json
 import os
 import re
@@ -15,9 +15,8 @@ from dataclasses import replace
 
 import pytest
 
-from orthogpt import checkpoint
+from orthogpt import checkpoint, launcher, stats, sweep
 from orthogpt import logs as logs_module
-from orthogpt.errors import UserError
 from tools import compare
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
@@ -89,15 +88,9 @@ def test_the_speedup_protocol_interpolates_the_length_that_reaches_the_baseline(
     target = final['add', 20]
     text = (out / 'results.md').read_text()
     row = next(line for line in text.splitlines() if line.startswith('| `shakespeare_rot` |'))
-    steps, how = compare.crossing([(10, final['rot', 10]), (20, final['rot', 20])], target)
+    steps, how = stats.crossing([(10, final['rot', 10]), (20, final['rot', 20])], target)
     shown = {'<=': f"≤ {steps:.0f}", '=': f"{steps:.0f}", '>': f"> {steps:.0f} (not reached)"}[how]
     assert f"| {target:.4f} | {shown} |" in row and 'ms/iter' in text  # one run at a time: timed
-
-
-def test_crossing_is_linear_in_log_steps():
-    assert compare.crossing([(100, 3.0), (400, 2.0)], 2.5) == (pytest.approx(200), '=')
-    assert compare.crossing([(100, 3.0), (400, 2.0)], 3.5) == (100, '<=')
-    assert compare.crossing([(100, 3.0), (400, 2.0)], 1.5) == (400, '>')
 
 
 def test_reach_reports_when_each_seed_first_reached_a_groups_final_loss(compared, logs):
@@ -117,43 +110,6 @@ def test_reach_reports_when_each_seed_first_reached_a_groups_final_loss(compared
         compare.main(args + ['--reach=nope'])
     compare.main(args + [f'--reach={target}'])  # a val loss given as a number: the same column
     assert f"reaches {target:.4f} at (per seed)" in (root / 'out' / 'results.md').read_text()
-
-
-def test_per_sets_a_key_for_one_configs_runs_or_one_of_its_set_values(tmp_path):
-    args, _ = compare.parse_args([*CONFIGS, '--seeds=1', f'--out={tmp_path}', '--per', 'shakespeare_rot:learning_rate=3e-3',
-                                  '--per', 'shakespeare_add dropout=0.1:learning_rate=2e-3', '--set=dropout=0.0,0.1'])
-    runs = compare.plan(args, [], compare.cases(args), [1])
-    rates = {r.group: r.cfg.learning_rate for r in runs}
-    assert rates == {'shakespeare_add dropout=0.0': 1e-3, 'shakespeare_add learning_rate=2e-3 dropout=0.1': 2e-3,
-                     'shakespeare_rot learning_rate=3e-3 dropout=0.0': 3e-3,
-                     'shakespeare_rot learning_rate=3e-3 dropout=0.1': 3e-3}
-
-
-def test_a_baseline_pairs_each_row_with_its_own_values_of_the_keys_it_does_not_name():
-    rows = {}
-    for name in ('a', 'b'):
-        for mlp in ('standard', 'gated'):
-            for opt in ('adamw', 'muon'):
-                values = (('mlp', mlp), ('optimizer', opt))
-                label = compare.label_of(name, values)
-                rows[label] = compare.Row(label, compare.Case(f'{name}.py', name, values, values, label))
-    base, against = compare.baseline_of(rows, 'a optimizer=adamw')
-    assert base == 'a optimizer=adamw'
-    assert against['b mlp=gated optimizer=muon'] == 'a mlp=gated optimizer=adamw'
-    assert against['b mlp=standard optimizer=muon'] == 'a mlp=standard optimizer=adamw'
-    assert compare.baseline_of(rows, None)[1]['b mlp=gated optimizer=muon'] == 'a mlp=gated optimizer=muon'
-    with pytest.raises(UserError, match="names no row"):
-        compare.baseline_of(rows, 'a optimizer=sgd')
-
-
-def test_a_grid_is_extended_by_its_ratio_and_integers_stay_integers():
-    added = {}
-    grid = ['1e-3', '3e-3', '9e-3']
-    for _ in range(3):
-        grid = compare.extend(grid, min(grid, key=float), added, 'lr')
-    assert [float(v) for v in grid[3:]] == pytest.approx([1e-3 / 3, 1e-3 / 9])  # twice on a side at most
-    assert compare.extend(['1', '2', '4'], '1', {}, 'steps') == ['1', '2', '4']  # no 0.5
-    assert compare.extend(['2', '4', '8'], '2', {}, 'steps') == ['2', '4', '8', '1']
 
 
 def test_a_second_call_reruns_nothing(compared, capsys):
@@ -286,13 +242,12 @@ def test_a_switch_continues_one_first_phase_once_per_value(switched, logs):
 
 def test_a_resumed_second_phase_is_not_reset_again(switched, tmp_path):
     out, _ = switched
-    args, extra = compare.parse_args([CONFIGS[0], '--seeds=1', f'--out={out}', *TINY, '--switch', 'residual=orthogonal',
-                                      '--switch_at=10', '--switch_reset'])
-    runs = compare.plan(args, extra, compare.cases(args), [1])
-    first, second = runs
-    argv, resume = compare.start(second)  # its checkpoint is its own, from iteration 20
+    spec = compare.parse_args([CONFIGS[0], '--seeds=1', f'--out={out}', *TINY, '--switch', 'residual=orthogonal',
+                               '--switch_at=10', '--switch_reset'])
+    first, second = sweep.planned(spec)
+    argv, resume = launcher.start(second)  # its checkpoint is its own, from iteration 20
     assert resume and '--reset_optimizer=True' not in argv
-    argv, resume = compare.start(replace(second, out_dir=str(tmp_path)))  # a fresh copy of the first phase
+    argv, resume = launcher.start(replace(second, out_dir=str(tmp_path)))  # a fresh copy of the first phase
     assert resume and '--reset_optimizer=True' in argv
     assert (tmp_path / 'ckpt.pt').read_bytes() == (out / first.name / 'ckpt.pt').read_bytes()
 
@@ -350,84 +305,9 @@ def test_plot_curves_reads_out_dirs_and_log_copies(tmp_path, capsys):
     assert out.stat().st_size > 0
 
 
-def test_a_second_phase_waits_until_its_first_phase_has_exited(tmp_path, monkeypatch):
-    """A first phase logs its last evaluation before it writes its checkpoint: its second phase
-    starts only after its process has exited (here: two polls later), from that checkpoint."""
-    cfg = compare.load(['--max_iters=10'], 'first')
-    first = compare.Run('first', 1, [], str(tmp_path / 'first'), cfg, case=None, group=None)
-    second = compare.Run('second', 1, [], str(tmp_path / 'second'), cfg, case=None, group='second', after=first)
-    os.makedirs(first.out_dir)
-    (tmp_path / 'first' / 'log.jsonl').write_text(json.dumps({'iter': 10, 'val_loss': 1.0}) + '\n')
-
-    class Saving:  # the first phase's process, still writing its checkpoint
-        polls, returncode = 0, 0
-
-        def poll(self):
-            self.polls += 1
-            if self.polls < 3:
-                return None
-            (tmp_path / 'first' / 'ckpt.pt').write_bytes(b'final checkpoint')
-            return 0
-
-    class Exited:
-        returncode = 0
-
-        def poll(self):
-            return 0
-
-    running = [compare.Job(first, Saving(), open(os.devnull, 'w'), time.time())]
-    started = []
-    monkeypatch.setattr(compare.subprocess, 'Popen', lambda argv, **kw: started.append(argv) or Exited())
-    compare.launch([second], running, 2, {}, 1, compare.Progress([first, second], every=0))
-    assert (tmp_path / 'second' / 'ckpt.pt').read_bytes() == b'final checkpoint'
-    assert len(started) == 1 and '--init_from=resume' in started[0]
-
-
-def hand_row(label, finals, length=None, ms=None, failed=0):
-    """A row of config `label` whose seeds 1, 2, ... finished with these final (and best) val losses."""
-    results = [compare.Result(seed=seed, best=loss, final=loss, top1=None, top5=None, wall=None, unit='tok', rate=None,
-                              ms=ms, curve=[(length or 10, loss, None)]) for seed, loss in enumerate(finals, 1)]
-    case = compare.Case(f'{label}.py', label, (), (), label)
-    return compare.Row(label if length is None else f'{label} max_iters={length}', case, length, results=results,
-                       failed=[compare.Failure(f'{label}-s{len(finals) + 1 + i}', 'exit 1', 'boom') for i in range(failed)])
-
-
-def test_the_analysis_and_its_table_on_hand_computed_numbers():
-    """Base a: 3.0, 3.2, 3.4 over seeds 1-3 (mean 3.2, std 0.2); b: 2.9, 3.0, its seed 3 failed. Paired
-    over seeds 1 and 2: -0.1, -0.2, mean -0.15, std 0.0707, standard error 0.0707 / sqrt(2) = 0.05."""
-    rows = {row.label: row for row in (hand_row('a', [3.0, 3.2, 3.4]), hand_row('b', [2.9, 3.0], failed=1))}
-    analysis = compare.analyse(rows, reach='3.1')
-    a, b = analysis.summaries['a'], analysis.summaries['b']
-    assert (a.final.mean, a.final.spread, a.final.n) == (pytest.approx(3.2), pytest.approx(0.2), 3)
-    assert a.diff is None and (b.diff.mean, b.diff.spread, b.diff.n) == (pytest.approx(-0.15), pytest.approx(0.05), 2)
-    assert a.reached == [10, None, None] and b.reached == [10, 10]
-    text = compare.table(rows, analysis, reach=True, timed=False)
-    assert text.splitlines() == [
-        '| run | parameters | seeds | best val loss | final val loss | Δ final vs `a` (paired, ± s.e.) '
-        '| reaches 3.1000 at (per seed) |',
-        '|---|---|---|---|---|---|---|',
-        '| `a` | - | 3/3 | 3.2000 ± 0.2000 | 3.2000 ± 0.2000 | - | 10, not reached, not reached |',
-        '| `b` | - | 2/3 | 2.9500 ± 0.0707 | 2.9500 ± 0.0707 | -0.1500 ± 0.0500 (n=2) | 10, 10 |',
-        '', '- `b-s3` failed (exit 1): boom']
-
-
-def test_the_speedup_on_hand_computed_numbers():
-    """a reaches 2.0 in 400 steps (its own target: 1x) at 20 ms/iter; b comes down from 3.0 at 100 to
-    1.0 at 400: in log(steps), 2.0 lies half-way, at 200 steps, 2 s at 10 ms/iter: 2x fewer steps,
-    4x less time."""
-    rows = {row.label: row for row in (hand_row('a', [2.5], 100, ms=20), hand_row('a', [2.0], 400, ms=20),
-                                       hand_row('b', [3.0], 100, ms=10), hand_row('b', [1.0], 400, ms=10))}
-    analysis = compare.analyse(rows, by_length=True)
-    a, b = analysis.speedups
-    assert (a.steps, a.how, a.in_steps, a.in_time) == (pytest.approx(400), '=', pytest.approx(1), pytest.approx(1))
-    assert (b.target, b.steps, b.how) == (2.0, pytest.approx(200), '=')
-    assert (b.in_steps, b.time, b.in_time) == (pytest.approx(2), pytest.approx(2), pytest.approx(4))
-    assert '| `b` | - | 3.0000 | 1.0000 | 2.0000 | 200 | 2.00x | 10.0 | 2 s | 4.00x |' in \
-        compare.speedup_table(rows, analysis, timed=True)
-
-
-def test_compare_py_is_records_in_short_functions():
-    with open(os.path.join(ROOT, 'tools', 'compare.py')) as f:
-        tree = ast.parse(f.read())
-    lengths = {n.name: n.end_lineno - n.lineno + 1 for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
-    assert max(lengths.values()) <= 60, lengths
+def test_the_command_lines_are_thin():
+    """compare.py and miniseries.py parse their arguments and call the engine (orthogpt/sweep.py): at most
+    300 lines each."""
+    for tool in ('compare.py', 'miniseries.py'):
+        with open(os.path.join(ROOT, 'tools', tool)) as f:
+            assert len(f.read().splitlines()) <= 300, tool

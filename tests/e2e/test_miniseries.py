@@ -1,6 +1,7 @@
 """tools/miniseries.py: its table, json and figure from run folders of known laws (written here, no
-training), its refusals of bad input, and end to end on tiny models: a series interrupted by SIGTERM
-that the same command finishes without rerunning what had finished."""
+training), found through the engine's plan, its refusals of bad input, and end to end on tiny models:
+a series interrupted by SIGTERM that the same command finishes without rerunning what had finished,
+and a Ctrl-C that each run gets once."""
 
 import json
 import math
@@ -15,6 +16,7 @@ import pytest
 
 from orthogpt import progress
 from orthogpt.errors import UserError
+from orthogpt import logs, series, sweep
 from tools import miniseries
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
@@ -51,7 +53,7 @@ def write_run(folder, depth, seed, loss, iters=100, finished=True, bpb=True):
 
 
 @pytest.fixture
-def series(tmp_path):
+def out(tmp_path):
     """OUT with additive on its law (± 0.01 over the two seeds), rotation at the loss additive's law
     reaches with 4x the compute, nGPT below additive's asymptote at its largest size; rotation's depth 4
     seed 2 half done; folders of another size (depth 9) and of another config's name."""
@@ -73,9 +75,15 @@ def args_of(out, *more):
     return [*CONFIGS, '--depths=2,3,4', '--seeds=2', f'--out={out}', *more]
 
 
-def test_the_report_fits_each_rule_and_gives_the_multipliers_of_known_laws(series):
-    args, _ = miniseries.parse_args(args_of(series))
-    results = miniseries.report(args, 'python tools/miniseries.py ...')
+def planned(argv):
+    """(miniseries' arguments, its runs keyed (config, depth, seed)) of a command line."""
+    args, spec = miniseries.parse_args(argv)
+    return args, series.keyed(sweep.planned(spec))
+
+
+def test_the_report_fits_each_rule_and_gives_the_multipliers_of_known_laws(out):
+    args, runs = planned(args_of(out))
+    results = miniseries.report(args, runs, 'python tools/miniseries.py ...')
     add, rot, ngpt = (results[f'shakespeare_{r}'] for r in ('add', 'rot', 'ngpt'))
     assert (add['fit'].E, add['fit'].A, add['fit'].alpha) == pytest.approx((E, A, ALPHA), rel=1e-6)
     assert add['fit'].n == 6 and add['fit'].se is not None  # seeds apart: six points, residuals ± 0.01
@@ -86,7 +94,7 @@ def test_the_report_fits_each_rule_and_gives_the_multipliers_of_known_laws(serie
     assert rot['sizes'][2]['loss']['std'] is None
     below = ngpt['sizes'][2]['multiplier']
     assert below.value is None and 'below the baseline' in below.note
-    text = (series / 'miniseries.md').read_text()
+    text = (out / 'miniseries.md').read_text()
     rows = [line for line in text.splitlines() if line.startswith('| `shakespeare_')]
     assert len(rows) == 9 + 3  # 3 rules x 3 sizes, then a fit each
     add2 = rows[0].split(' | ')
@@ -100,35 +108,34 @@ def test_the_report_fits_each_rule_and_gives_the_multipliers_of_known_laws(serie
     assert rows[8].split(' | ')[9] == f"none {note.split()[0]}"
     assert '- `shakespeare_rot` depth 4 seed 2: not finished' in text
     assert 'depth 9' not in text and 'other' not in text
-    data = json.loads((series / 'miniseries.json').read_text())
+    data = json.loads((out / 'miniseries.json').read_text())
     assert data['baseline'] == 'shakespeare_add' and data['rules']['shakespeare_add']['fit']['alpha'] == pytest.approx(ALPHA)
     assert data['rules']['shakespeare_rot']['sizes'][0]['multiplier']['value'] == pytest.approx(4.0)
     assert data['rules']['shakespeare_ngpt']['sizes'][0]['bpb'] is None
     assert data['rules']['shakespeare_add']['sizes'][0]['bpb']['mean'] == pytest.approx(law(c2) / math.log(2) * 0.3)
-    assert data['missing'] == [dict(config='shakespeare_rot', depth=4, seed=2, folder=str(series / 'shakespeare_rot-depth4-s2'),
+    assert data['missing'] == [dict(config='shakespeare_rot', depth=4, seed=2, folder=str(out / 'shakespeare_rot-depth4-s2'),
                                     why='not finished')]
-    assert (series / 'miniseries.png').stat().st_size > 10_000
+    assert (out / 'miniseries.png').stat().st_size > 10_000
 
 
-def test_a_rule_without_a_fit_says_why_and_the_baseline_named_is_used(series):
-    args, _ = miniseries.parse_args(args_of(series, '--baseline=config/shakespeare_rot.py'))
+def test_a_rule_without_a_fit_says_why_and_the_baseline_named_is_used(out):
+    args, runs = planned(args_of(out, '--baseline=config/shakespeare_rot.py'))
     for seed in (1, 2):  # rotation's sizes 3 and 4 at one loss: no law through them
         for depth in (2, 3):
-            path = series / f'shakespeare_add-depth{depth}-s{seed}' / 'log.jsonl'
+            path = out / f'shakespeare_add-depth{depth}-s{seed}' / 'log.jsonl'
             path.write_text(path.read_text().replace('"val_loss": ', '"val_loss": 1.0 + 0 * ', 1))
-    results = miniseries.report(args, 'cmd')
+    results = miniseries.report(args, runs, 'cmd')
     assert results['shakespeare_rot']['sizes'][0]['multiplier'] is None  # the baseline now
     assert results['shakespeare_add']['sizes'][0]['multiplier'].value is not None
-    text = (series / 'miniseries.md').read_text()
+    text = (out / 'miniseries.md').read_text()
     assert 'compute multiplier over `shakespeare_rot`' in text
 
 
-def test_the_progress_line_counts_finished_runs_and_estimates_the_time_left(series):
+def test_the_progress_line_counts_finished_runs_and_estimates_the_time_left(out):
     """Rotation's depth 4 seed 2 is half done (its log just written: running); the FLOPs done went from 0 to all but
     its second half in the last 60 s, so the rest takes 60 s x 3e12 / 3.696e13 FLOPs, 5 s."""
-    args, _ = miniseries.parse_args(args_of(series))
-    runs = miniseries.survey(args)
-    done, total = miniseries.flops(runs)
+    runs = series.survey(planned(args_of(out))[1])
+    done, total = series.flops(runs)
     assert total - done == pytest.approx(compute_of(4, iters=50))  # its second half
     assert total == pytest.approx(6 * sum(compute_of(d) for d in (2, 3, 4)))
     speed = progress.Speed()
@@ -166,11 +173,16 @@ def test_a_missing_config_and_twin_names_are_refused(tmp_path):
         miniseries.parse_args([CONFIGS[0], str(twin), '--depths=1,2,3'])
 
 
-def test_a_folder_holding_two_runs_of_one_size_is_refused(series):
-    write_run(series / 'shakespeare_ngpt-learning_rate0.01-depth2-s1', 2, 1, 1.0)
-    args, _ = miniseries.parse_args(args_of(series))
-    with pytest.raises(UserError, match='holds two runs of shakespeare_ngpt at depth 2, seed 1'):
-        miniseries.survey(args)
+def test_the_runs_are_the_plans_not_folders_found_by_their_names(out):
+    """A folder of another setting of one size and seed (an earlier --per, say) is not taken for the series' run:
+    the engine's plan names each run's folder, and with that --per the plan's folder is that one."""
+    write_run(out / 'shakespeare_ngpt-learning_rate0.01-depth2-s1', 2, 1, 1.0)
+    _, runs = planned(args_of(out))
+    assert runs['shakespeare_ngpt', 2, 1].out_dir == str(out / 'shakespeare_ngpt-depth2-s1')
+    assert series.survey(runs)['shakespeare_ngpt', 2, 1]['final']['val_loss'] == 2.0
+    _, runs = planned(args_of(out, '--per=shakespeare_ngpt depth=2:learning_rate=0.01'))
+    assert runs['shakespeare_ngpt', 2, 1].out_dir == str(out / 'shakespeare_ngpt-learning_rate0.01-depth2-s1')
+    assert series.survey(runs)['shakespeare_ngpt', 2, 1]['final']['val_loss'] == 1.0
 
 
 # ------------------------------------------------------------------ end to end, tiny models
@@ -227,3 +239,26 @@ def test_an_interrupted_series_finishes_with_the_same_command_keeping_the_finish
     text = (out / 'miniseries.md').read_text()
     assert text.count('| `shakespeare_') == 6 + 2 and (out / 'miniseries.png').stat().st_size > 10_000
     assert (out / 'results.md').exists()  # compare.py's own table, with the paired differences at each depth
+
+
+def test_a_ctrl_c_reaches_each_run_once_and_the_runs_save(tmp_path, char_data):
+    """A terminal's Ctrl-C goes to its foreground process group: the miniseries and the runs the engine started in
+    its process. Each run takes it as its request to save and stop (a SIGTERM passed on after it would kill it
+    first); the miniseries waits for them and says how far the series got."""
+    out = tmp_path / 'series'
+    cmd = [sys.executable, 'tools/miniseries.py', *CONFIGS[:2], '--depths=1,2,3', '--seeds=1', '--nproc=2',
+           f'--out={out}', f'--data_dir={char_data}', *TINY, '--max_iters=100000']
+    # a process group of its own, as a terminal's foreground job
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    runs = [out / f'shakespeare_add-depth{d}-s1' for d in (1, 2)]  # the first two of the plan
+    deadline = time.monotonic() + 300
+    while (not all(any('loss' in r for r in logs.read(str(run))) for run in runs) and proc.poll() is None
+           and time.monotonic() < deadline):
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)
+    printed = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 130, printed
+    assert 'miniseries interrupted with 0/6 runs finished' in printed
+    for run in runs:
+        assert 'stopped by SIGINT' in (run / 'stdout.log').read_text(), printed
