@@ -1,0 +1,110 @@
+"""The depth ladder's tables (docs/results.md, "The depth ladder"), from the runs that run.sh trains in OUT (default
+out-compare/ladder; folders CONFIG-n_layerL-sS as compare.py names them):
+
+  1. final val loss by rule and depth (seed 1), and at 16 layers mean ± std over seeds 1-3;
+  2. the stream map's gain from the first sublayer to the output (map_max: the largest singular value of dx_end/dx_0)
+     and its typical gain (map_rms), at the last dynamics record, by rule and depth;
+  3. HC's and mHC's composite mixing gain against sublayer at 32 layers (forward: max row sum; backward: max column
+     sum), the analogue of mHC's Fig. 3 (b);
+  4. with --ablate, each ablation's change in validation loss at 16 layers (tools/ablate.py on seeds 1-3, mean ± s.e.).
+
+    python docs/logs/depth_ladder/table.py [--out=out-compare/ladder] [--ablate]
+"""
+
+import argparse
+import json
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', '..'))
+NAME = re.compile(r'(?P<config>.+)-n_layer(?P<depth>\d+)-s(?P<seed>\d+)$')
+DEPTHS = (4, 8, 16, 32)
+
+
+def read(folder):
+    """(final val loss, last dynamics record) of a finished run, or None."""
+    try:
+        records = [json.loads(line) for line in open(os.path.join(folder, 'log.jsonl'))]
+        cfg = json.load(open(os.path.join(folder, 'config.json')))
+    except OSError:
+        return None
+    evals = [r for r in records if 'val_loss' in r and r['iter'] == cfg['max_iters']]
+    dynamics = [json.loads(line) for line in open(os.path.join(folder, 'dynamics.jsonl'))] if os.path.exists(
+        os.path.join(folder, 'dynamics.jsonl')) else []
+    return (evals[-1]['val_loss'], dynamics[-1] if dynamics else None) if evals else None
+
+
+def runs(out):
+    """{(config, depth, seed): (loss, dynamics, folder)} of the finished runs."""
+    found = {}
+    for name in sorted(os.listdir(out)) if os.path.isdir(out) else []:
+        m, done = NAME.match(name), read(os.path.join(out, name))
+        if m and done:
+            found[(m['config'], int(m['depth']), int(m['seed']))] = (*done, os.path.join(out, name))
+    return found
+
+
+def mean_std(values):
+    return f"{statistics.mean(values):.4f} ± {statistics.stdev(values):.4f}" if len(values) > 1 else '-'
+
+
+def first(record, stat):
+    """The value of a stat at the first sublayer (block 0's attention) of a dynamics record."""
+    value = record['attn'][stat][0] if record else None
+    return '-' if value is None else f"{value:.3g}"
+
+
+def tables(found, ablate):
+    configs = list(dict.fromkeys(c for c, _, _ in found))
+    out = ['| rule | ' + ' | '.join(f"{d} layers" for d in DEPTHS) + ' | 16 layers, seeds 1-3 |',
+           '|---|' + '---|' * (len(DEPTHS) + 1)]
+    for c in configs:
+        cells = [f"{found[(c, d, 1)][0]:.4f}" if (c, d, 1) in found else '' for d in DEPTHS]
+        cells.append(mean_std([found[(c, 16, s)][0] for s in (1, 2, 3) if (c, 16, s) in found]))
+        out.append(f"| `{c}` | " + ' | '.join(cells) + ' |')
+    out += ['', '| rule: map_max (map_rms) from sublayer 1 | ' + ' | '.join(f"{d} layers" for d in DEPTHS) + ' |',
+            '|---|' + '---|' * len(DEPTHS)]
+    for c in configs:
+        out.append(f"| `{c}` | " + ' | '.join(
+            f"{first(found[(c, d, 1)][1], 'map_max')} ({first(found[(c, d, 1)][1], 'map_rms')})"
+            if (c, d, 1) in found else '' for d in DEPTHS) + ' |')
+    for c in configs:
+        record = found.get((c, 32, 1), (None, None))[1]
+        if record and record['attn'].get('comp_fwd_max', [None])[0] is not None:
+            for way in ('fwd', 'bwd'):
+                gains = [v for pair in zip(record['attn'][f'comp_{way}_max'], record['mlp'][f'comp_{way}_max'])
+                         for v in pair]
+                out.append(f"\n`{c}` at 32 layers, composite {way} gain by sublayer 1-64: "
+                           + ', '.join(f"{g:.3g}" for g in gains))
+    if ablate:
+        out += ['', '| rule at 16 layers | ablation | change in val loss, seeds 1-3 (mean ± s.e.) |', '|---|---|---|']
+        for c in configs:
+            changes = {}
+            for s in (1, 2, 3):
+                if (c, 16, s) in found:
+                    for name, change in ablations(found[(c, 16, s)][2]).items():
+                        changes.setdefault(name, []).append(change)
+            for name, d in changes.items():
+                se = statistics.stdev(d) / math.sqrt(len(d)) if len(d) > 1 else math.nan
+                out.append(f"| `{c}` | {name} | {statistics.mean(d):+.4f} ± {se:.4f} (n={len(d)}) |")
+    return '\n'.join(out)
+
+
+def ablations(folder):
+    """{ablation: change in val loss} of tools/ablate.py on a run (none for a rule without ablations)."""
+    done = subprocess.run([sys.executable, 'tools/ablate.py', f'--out_dir={folder}'], cwd=ROOT, capture_output=True,
+                          text=True)
+    rows = [line.split('|') for line in done.stdout.splitlines() if line.startswith('| ') and '(as trained)' not in line]
+    return {r[1].strip(): float(r[3]) for r in rows if r[3].strip() not in ('', '-', 'change')}
+
+
+if __name__ == '__main__':
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('--out', default=os.path.join(ROOT, 'out-compare', 'ladder'))
+    p.add_argument('--ablate', action='store_true', help='run tools/ablate.py on the 16-layer runs')
+    args = p.parse_args()
+    print(tables(runs(args.out), args.ablate))
