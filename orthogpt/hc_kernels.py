@@ -17,14 +17,18 @@ recomputing its rounds. Left to torch, on per-token tensors of n or n x n values
 (sigmoid, tanh, the gates), mHC-lite's convex combination of permutations and the Cayley map's batched inverse; they
 move about 1% of the stream's bytes. Everything accumulates in float32; the copies are read and written in the
 stream's dtype (bfloat16 under autocast, model.stream_dtype). Each kernel is a torch custom op, which torch.compile
-and CUDA graphs take whole."""
+and CUDA graphs take whole. hc_kernels='auto' runs them for a shape class once they have passed a proof against the
+rule's PyTorch on its device (verdict), and the rule's PyTorch for the shapes they do not fit or fail."""
 
+import logging
 import os
+import warnings
 
 import numpy as np
 import torch
 import triton
 import triton.language as tl
+from torch.utils._python_dispatch import _disable_current_modes
 
 import model
 
@@ -613,32 +617,159 @@ def sinkhorn(logits, iters):
     return hc_sinkhorn(logits.reshape(-1, *logits.shape[-2:]), iters).view(logits.shape)
 
 
+# ----------------------------------------------------------------------------- which shapes they run
+
+# The most copies n and columns of products m (z's: n + 2 for HC, 2n + n^2 for mHC, 2n + n! for mHC-lite) that the
+# kernels take, compiled for compute capability 9.0 (docs/rules.md): beyond them a read needs more shared memory than
+# a block of 8.6 or 8.9 has (99 KiB) and spills all but 32 registers a thread.
+COPIES, COLUMNS = 8, 64
+TOKENS = (2, 40)  # the proof's batch: 80 tokens, two programs of the widest read (READ_N), five of the write
+# How far the proof lets the kernels' outputs and gradients lie from the rule's PyTorch's, relative to each one's
+# largest entry, by the coarsest arithmetic of the shape class (docs/rules.md: 2.5-20x the gaps measured)
+TOLERANCE = {'ieee': 1e-4, 'tf32': 2 ** -5, torch.float16: 2 ** -8, torch.bfloat16: 2 ** -5}
+FALLBACK = "use hc_kernels='auto' (the rule's PyTorch where the kernels do not run) or 'torch'"
+VERDICTS = {}  # shape class -> why the kernels do not run it, or None: decided once a process
+log = logging.getLogger(__name__)
+
+
+def native(device):
+    """Whether Triton compiles the kernels for device (CUDA): where hc_kernels='auto' runs them."""
+    return device.type == 'cuda'
+
+
+def variant(rule):
+    """The rule as constants, from which the proof builds it again: its residual name, n, m (the columns of its
+    products z; 0 for a static rule, which has none), dynamic, and mHC's Sinkhorn rounds and H_res; or its class's
+    name alone where the kernels do not implement it (a subclass's code is its own)."""
+    if type(rule) is model.ManifoldHyperConnection:
+        return 'mhc', rule.n, rule.phi.shape[1] if rule.dynamic else 0, rule.dynamic, rule.iters, rule.res
+    if type(rule) is model.HyperConnection:
+        n = rule.static_beta.shape[0]
+        return 'hc', n, rule.W_alpha.shape[1] + rule.W_beta.shape[1] if rule.dynamic else 0, rule.dynamic
+    return type(rule).__name__,
+
+
+def describe(spec, d, device, dtype, stream):
+    """A shape class in the config's words."""
+    if len(spec) == 1:
+        return f"a {spec[0]}"
+    name, n, m, dynamic, *mhc = spec
+    options = [f"hc_rate={n}", *([] if dynamic else ['hc_dynamic=False']), *([f"mhc_res='{mhc[1]}'"] if mhc else [])]
+    read, written = (str(t).removeprefix('torch.') for t in (dtype, stream))
+    return (f"residual='{name}' ({', '.join(options)}) at n_embd={d} on {device} in {read}"
+            f"{f', written in {written}' if written != read else ''}")
+
+
+def unfit(spec, device, dtype):
+    """Why the kernels do not take this shape class at all, or None."""
+    if len(spec) == 1:
+        return "the kernels implement residual='hc' and 'mhc' exactly, not a subclass's code; use hc_kernels='torch'"
+    _, n, m, _, *mhc = spec
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return f"the kernels compute streams of float32, bfloat16 or float16, not {dtype}; use hc_kernels='torch'"
+    if not native(device) and not interpreting():
+        return (f"the kernels run on CUDA GPUs, not {device.type} (on a CPU under Triton's interpreter, "
+                f"TRITON_INTERPRET=1, slowly: for tests); use hc_kernels='auto' or 'torch'")
+    fault = None if native(device) else interpreter_fault()
+    if fault:
+        return fault
+    if n > COPIES:
+        return f"the kernels take {COPIES} copies at most, not hc_rate={n}; {FALLBACK}"
+    if m > COLUMNS:
+        return (f"the read's kernels hold {COLUMNS} columns of products at most, and hc_rate={n} gives {m}"
+                f"{' (n! + 2n)' if mhc and mhc[1] == 'permutation' else ''}; {FALLBACK}")
+    return None
+
+
+def verdict(strict, spec, d, device, dtype, stream):
+    """Why the kernels do not run this shape class, or None where they do; strict ('triton') raises it instead. Decided
+    once a process for each (spec, d's power-of-two bucket, device, the dtypes of x and of the stream, the float32
+    products' arithmetic): refused where unfit (at debug level under 'auto'), else proved (a warning under 'auto'
+    where the proof fails). Under torch.compile this runs as the graph is traced, on tensors of its own, and its
+    answer is a constant of the graph: the proof never runs inside a compiled region."""
+    key, shape = (spec, pow2(d), str(device), dtype, stream, precision()), (spec, d, device, dtype, stream)
+    if key not in VERDICTS:
+        why = unfit(spec, device, dtype)
+        if why is None:
+            failure = proof(*shape)
+            if failure and not strict:
+                warnings.warn(f"hc_kernels='auto' runs the rule's PyTorch for {describe(*shape)} from now on: the "
+                              f"kernels failed their proof ({failure})", RuntimeWarning)
+            why = failure and f"the kernels failed their proof ({failure}); {FALLBACK}"
+        elif not strict:
+            log.debug(f"hc_kernels='auto' runs the rule's PyTorch for {describe(*shape)}: {why}")
+        VERDICTS[key] = why
+    why = VERDICTS[key]
+    if why and strict:
+        raise ValueError(f"hc_kernels='triton' cannot run {describe(*shape)}: {why}")
+    return why
+
+
+# What torch.compiler.assume_constant_result(verdict) sets, and all it sets: dynamo calls verdict as it traces and
+# holds its answer as a constant. Set here without importing torch._dynamo, which brings FSDP with it, where nothing
+# compiles (sample.py, tests/unit/test_layout.py)
+verdict._dynamo_marked_constant = True
+
+
+def proof(spec, d, device, dtype, stream):
+    """Why the kernels fail this shape class, or None: the rule of spec at width d, its parameters drawn away from
+    their initial values, one forward and backward of TOKENS through the kernels and through its PyTorch, and every
+    output and gradient of the kernels' within TOLERANCE of the PyTorch's; a compile or launch error fails it too. It
+    leaves the run as it was: its own generator, and none of the caller's dispatch modes (train.py counts the first
+    forward's FLOPs under one) or module hooks (it calls no module)."""
+    name, n, _, dynamic, *mhc = spec
+    g = torch.Generator().manual_seed(0)
+    with _disable_current_modes(), torch.inference_mode(False), torch.enable_grad():
+        rule = model.RESIDUALS[name](d, n, 1, dynamic, *mhc)
+        with torch.no_grad():
+            for p in rule.parameters():
+                p.add_(0.3 * torch.randn(p.shape, generator=g))
+        H, u, *weights = (torch.randn(*TOKENS, *size, generator=g).to(device) for size in ((n, d), (d,), (n, d), (d,)))
+        H, u, rule = H.to(dtype), u.to(stream), rule.to(device)
+        try:
+            fused = sublayer(rule, H, u, weights, stream, Fused(strict=True))
+        except Exception as e:  # Triton's compiler, a launch, the driver: whatever stops the kernels
+            return f"{type(e).__name__}: {(str(e).strip() or 'no message').splitlines()[0]}"
+        plain = sublayer(rule, H, u, weights, stream, None)
+    coarsest = next((t for t in (dtype, stream) if t != torch.float32), precision())
+    for what, a, b in zip(('h', 'the next stream', 'dH', 'du', "the parameters' gradients"), fused, plain):
+        error = ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30)).item()
+        if not error <= TOLERANCE[coarsest]:  # NaN too
+            return (f"{what} lies {error:.1e} of its largest entry from the rule's PyTorch's, more than "
+                    f"{TOLERANCE[coarsest]:.1e}")
+    return None
+
+
+def sublayer(rule, H, u, weights, stream, fused):
+    """(h, the next stream, the gradients of H and u, and the parameters' gradients as one vector) of one sublayer
+    of rule, on the kernels (fused) or its PyTorch (None), in the stream's dtype, under a loss that weighs every
+    output differently. One vector: a gate's gradient alone is a sum over every token, which cancels as float32
+    cannot follow (docs/rules.md)."""
+    H, u = H.detach().requires_grad_(), u.detach().requires_grad_()
+    with torch.autocast(H.device.type, dtype=stream, enabled=stream != H.dtype):
+        h, state = rule.prepare(H) if fused is None else fused.prepare(rule, H)
+        out = rule.forward(H, u, state) if fused is None else fused.forward(rule, H, u, state)
+    loss = (out.float() * weights[0]).sum() + (h.float() * weights[1]).sum()
+    dH, du, *grads = torch.autograd.grad(loss, [H, u, *rule.parameters()])
+    return h, out, dH, du, torch.cat([g.flatten() for g in grads])
+
+
 # ----------------------------------------------------------------------------- the rules' two passes
 
 class Fused:
     """HyperConnection's and ManifoldHyperConnection's prepare and forward on the kernels above (model.KERNELS).
-    strict: run wherever asked ('triton'), saying why not where they cannot; else ('auto') on CUDA only."""
+    strict: run wherever asked ('triton'), raising why not where they cannot; else ('auto') on CUDA only, and the
+    rule's own PyTorch for a shape class they do not take or that fails their proof (verdict)."""
 
     def __init__(self, strict):
         self.strict = strict
 
     def takes(self, rule, x):
-        if type(rule) not in (model.HyperConnection, model.ManifoldHyperConnection):
-            if self.strict:
-                raise ValueError(f"hc_kernels='triton' implements residual='hc' and 'mhc', not {type(rule).__name__}; "
-                                 f"use hc_kernels='torch'")
+        """Whether the kernels run this sublayer on x: 'auto' runs them on CUDA alone (native), and each shape class
+        where its verdict allows."""
+        if not (self.strict or native(x.device)):
             return False
-        ok = x.dtype in (torch.float32, torch.bfloat16, torch.float16)
-        if self.strict and not ok:
-            raise ValueError(f"hc_kernels='triton' computes streams of float32, bfloat16 or float16, not {x.dtype}; "
-                             f"use hc_kernels='torch'")
-        if self.strict and x.device.type != 'cuda' and not interpreting():
-            raise ValueError(f"hc_kernels='triton' runs on CUDA GPUs, not {x.device.type} (on a CPU under Triton's "
-                             f"interpreter, TRITON_INTERPRET=1, slowly: for tests); use hc_kernels='auto' or 'torch'")
-        fault = interpreter_fault() if self.strict and x.device.type != 'cuda' else None
-        if fault:
-            raise ValueError(fault)
-        return ok and (x.is_cuda or self.strict)
+        return verdict(self.strict, variant(rule), x.shape[-1], x.device, x.dtype, model.stream_dtype(x)) is None
 
     def prepare(self, rule, x):
         H = x.reshape(-1, *x.shape[-2:]).contiguous()  # (N, n, d)

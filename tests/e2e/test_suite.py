@@ -4,11 +4,13 @@ saying so, and so are the stages that read Tiny Shakespeare without it."""
 
 import json
 import os
+import subprocess
 
 import pytest
 
 from model import QKV_MAPS, RESIDUALS
 from orthogpt import chars
+from orthogpt.errors import UserError
 from tools import suite
 
 
@@ -18,6 +20,11 @@ def test_the_smoke_suite_writes_every_table(tmp_path, char_data, capsys, tables)
     printed = capsys.readouterr().out
     assert all(f"{stage}: ok" in printed for stage in suite.LIMITS), printed
     assert (out / 'kernel_check.md').read_text().startswith('1 passed')  # the kernels' tests, here interpreted
+    proved = tables.cells((out / 'selfcheck.md').read_text())  # their proof, each shape class
+    assert list(proved) == list(suite.PROVED)
+    assert all(row == ['16', 'float32, float32', 'pass'] for row in proved.values())
+    trained = tables.cells((out / 'train_check.md').read_text())  # training on them against the rules' PyTorch
+    assert list(trained) == ['hc', 'mhc'] and all(row[0] == '4' and row[-1] == 'yes' for row in trained.values())
     variants = [*RESIDUALS, *(k for k, f in QKV_MAPS.items() if f is not None)]
     tokens = 2 * 16  # batch 2 x block 16 a step
     for stage in ('step_ddp', 'step_fsdp'):
@@ -79,3 +86,52 @@ def test_the_stages_that_read_tiny_shakespeare_are_skipped_without_it_saying_wha
     (text / 'train.bin').unlink()  # half a preparation: prepared again, as train.py would
     assert suite.stages(str(tmp_path / 'out'), True, str(text), chosen=['decode'])['decode'][1] == 'tools/bench.py'
     assert (text / 'train.bin').stat().st_size == 2 * int(0.9 * len(tiny_text))
+
+
+def test_the_runbook_checks_the_kernels_before_it_times_them_and_a_failed_check_stops_it(tmp_path, monkeypatch,
+                                                                                         capsys):
+    """--runbook, a lent GPU's first call: the kernels' tests, their proof and training on them, then their timing,
+    within 8 minutes by the stage limits (a call may run 10). A failed check skips the stages after it. Injected:
+    stages that report at once, the selfcheck failing."""
+    assert suite.RUNBOOK[:3] == suite.CHECKS and sum(suite.LIMITS[s] for s in suite.RUNBOOK) <= 8 * 60
+    ran = []
+
+    def run_stage(name, argv, out, limit, env=None):
+        ran.append(argv[1:3])
+        (tmp_path / f'{name}.md').write_text('')
+        return 'failed (exit 1)' if name == 'selfcheck' else 'ok', 1.0
+    monkeypatch.setattr(suite, 'run_stage', run_stage)
+    suite.main(['--smoke', '--runbook', f'--out={tmp_path}'])
+    assert ran == [['-m', 'pytest'], ['tools/suite.py', '--check=selfcheck']]
+    printed = capsys.readouterr().out
+    assert all(f"{stage}: skipped: selfcheck failed" in printed for stage in ('train_check', 'kernel_bw')), printed
+
+
+def test_the_selfcheck_names_each_shape_class_that_fails_its_proof_and_fails(tmp_path, monkeypatch, capsys, tables):
+    """Injected: a proof that fails for mHC-lite alone."""
+    from orthogpt import hc_kernels
+    monkeypatch.setattr(hc_kernels, 'VERDICTS', {})
+    monkeypatch.setattr(hc_kernels, 'proof', lambda spec, *args: 'injected' if 'permutation' in spec else None)
+    with pytest.warns(RuntimeWarning, match=r"the kernels failed their proof \(injected\)"), \
+            pytest.raises(UserError, match=r"^1 shape class\(es\) failed the kernels' proof"):
+        suite.selfcheck(str(tmp_path), True)
+    verdicts = {rule: row[-1] for rule, row in tables.cells(capsys.readouterr().out).items()}
+    assert verdicts.pop('mhc_lite').startswith('the kernels failed their proof (injected)')
+    assert set(verdicts.values()) == {'pass'}
+
+
+def test_the_train_check_fails_where_the_kernels_losses_part_from_the_rules(tmp_path, monkeypatch, capsys, tables):
+    """Injected: training runs whose logs say mHC on the kernels lost 1e-4 more at a step than on the PyTorch."""
+    def train(argv, cwd):
+        keys = dict(a[2:].split('=', 1) for a in argv if a.startswith('--'))
+        off = 1e-4 if keys['residual'] == 'mhc' and keys['hc_kernels'] == 'triton' else 0.0
+        os.makedirs(keys['out_dir'])
+        with open(os.path.join(keys['out_dir'], 'log.jsonl'), 'w') as f:
+            f.writelines(json.dumps({'iter': i, 'loss': 5.0 - i / 10 + off * (i == 3)}) + '\n'
+                         for i in range(1, int(keys['max_iters']) + 1))
+        return subprocess.CompletedProcess(argv, 0)
+    monkeypatch.setattr(suite.subprocess, 'run', train)
+    with pytest.raises(UserError, match=r"^mhc trained on the kernels part from the rules' PyTorch by more than 1e-05"):
+        suite.train_check(str(tmp_path), True)
+    rows = tables.cells(capsys.readouterr().out)
+    assert rows['hc'] == ['4', '4.9000', '4.6000', '0.0e+00', 'yes'] and rows['mhc'][-2:] == ['2.1e-05', 'no']

@@ -6,6 +6,7 @@ kernel_check stage, before it times them). Float32 kernels must be as accurate a
 1e-5 of the float64 rule, relative to each tensor's largest entry, or within 4x the float32 rule's own error where
 float32 itself cannot do better (a gate's gradient, a sum over every token)."""
 
+import re
 import typing
 
 import pytest
@@ -126,22 +127,30 @@ def test_weights_stored_in_bfloat16_as_fsdp_stores_them_are_read_in_float32(vari
 
 
 def test_where_the_kernels_do_not_run_they_say_why(monkeypatch, gpt_config):
+    """Each refusal names the shape and its fix. Each is decided once a process for its shape class
+    (kernels.VERDICTS), which the test empties before each environment it fakes."""
     rule = make('mhc-sinkhorn', 4)
     rule.kernels = 'triton'
-    with pytest.raises(ValueError, match="hc_kernels='triton' computes streams of float32, bfloat16 or float16, not "
-                                         "torch.float64; use hc_kernels='torch'"):
+    monkeypatch.setattr(kernels, 'VERDICTS', {})
+    with pytest.raises(ValueError, match=re.escape(
+            "hc_kernels='triton' cannot run residual='mhc' (hc_rate=4, mhc_res='sinkhorn') at n_embd=72 on cpu in "
+            "float64: the kernels compute streams of float32, bfloat16 or float16, not torch.float64; use "
+            "hc_kernels='torch'")):
         rule.prepare(torch.randn(2, 4, D, dtype=torch.float64))
     monkeypatch.setattr(kernels, 'interpreting', lambda: True)
     for triton_version, numpy_version in (('3.6.0', '2.4.6'), ('3.5.1', '2.5.0')):  # torch 2.11's Triton, today's numpy
+        monkeypatch.setattr(kernels, 'VERDICTS', {})
         monkeypatch.setattr(kernels.triton, '__version__', triton_version)
         monkeypatch.setattr(kernels.np, '__version__', numpy_version)
         with pytest.raises(ValueError, match=rf"Triton {triton_version}'s interpreter cannot run the kernels beside "
                                              rf"numpy {numpy_version} .*: pip install 'triton>=3.7' or 'numpy<2.4'"):
             rule.prepare(torch.randn(2, 4, D))
     monkeypatch.undo()
+    monkeypatch.setattr(kernels, 'VERDICTS', {})
     monkeypatch.setattr(kernels, 'interpreting', lambda: False)
-    with pytest.raises(ValueError, match=r"runs on CUDA GPUs, not cpu \(on a CPU under Triton's interpreter, "
-                                         r"TRITON_INTERPRET=1, slowly: for tests\); use hc_kernels='auto' or 'torch'"):
+    with pytest.raises(ValueError, match=re.escape("the kernels run on CUDA GPUs, not cpu (on a CPU under Triton's "
+                                                   "interpreter, TRITON_INTERPRET=1, slowly: for tests); use "
+                                                   "hc_kernels='auto' or 'torch'")):
         rule.prepare(torch.randn(2, 4, D))
     rule.kernels = 'auto'  # on a CPU: the rule's own code
     assert rule.implementation(torch.randn(2, 4, D)) is None
