@@ -7,6 +7,12 @@ repository this file lies in orthogpt/remote_code/, which orthogpt/hf.py's expor
 
 from transformers import PretrainedConfig
 
+# transformers keys the model classes it registers by this config's class, and names the class's module after a hash
+# of this file and of those it imports: importing model.py and rules.py gives every folder whose model code or rule
+# differs classes of its own, so that two exports loaded in one process do not share the first one's model class
+from .model import __name__ as model  # noqa: F401
+from .rules import __name__ as rules  # noqa: F401
+
 
 class OrthoGPTConfig(PretrainedConfig):
     model_type = 'orthogpt'

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import sample
-from model import RESIDUALS
+from model import GPT, RESIDUALS, GPTConfig
 from orthogpt import checkpoint, hf
 from tools import compare
 
@@ -101,6 +101,9 @@ def test_it_trains_resumes_samples_and_exports_where_the_reader_imports_its_modu
     assert hf.export(model, tmp_path / 'hf') == 'orthogpt'
     assert 'from .model import' in (tmp_path / 'hf' / 'rules.py').read_text()
     forget()  # transformers builds it from the folder alone, its copy of the rule registered in its copy of model.py
+    hf.export(GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, vocab_size=11)), tmp_path / 'other' / 'hf')
+    transformers.AutoModelForCausalLM.from_pretrained(tmp_path / 'other' / 'hf', trust_remote_code=True)  # loaded
+    # first, of one name, in this process: transformers keeps each folder's classes apart still
     theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / 'hf', trust_remote_code=True)
     idx = torch.randint(model.config.vocab_size, (2, 16))
     with torch.no_grad():
