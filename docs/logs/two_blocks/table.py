@@ -47,7 +47,7 @@ def runs(block):
 def summary(cells):
     """(chosen lr, {seed: loss}, params, ve params) of one rule in one block, or None before its tuning is done."""
     tuning = {lr: v[0] for (lr, seed), v in cells.items() if seed == TUNING_SEED}
-    if not tuning:
+    if len(tuning) < 3:  # the grid's three rates at least (compare.py may extend it)
         return None
     lr = min(tuning, key=tuning.get)
     seeds = {seed: v[0] for (r, seed), v in cells.items() if r == lr and seed != TUNING_SEED}
