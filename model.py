@@ -56,8 +56,7 @@ def register(name):
     return add
 
 
-def wide(t):
-    """t in the rules' working precision: float32, or float64 for float64 inputs."""
+def wide(t):  # t in the rules' working precision: float32, or float64 for float64 inputs
     return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
@@ -67,25 +66,33 @@ def stream_dtype(x):
     return torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
 
 
-def dot(a, b):
-    """<a, b> over the last dimension, kept as a dimension of size 1: (..., d) -> (..., 1)."""
+def dot(a, b):  # <a, b> over the last dimension, kept as a dimension of size 1: (..., d) -> (..., 1)
     return (a * b).sum(-1, keepdim=True)
 
 
+class Sublayer:
+    """What a rule's prepare and forward get of one sublayer's forward (ResidualUpdate): `cache`, a decoding forward's
+    DecodeStep (a rule that mixes positions keeps its per-position terms in it, cache.write) or None; `depth`, the
+    forward's Depth (for depth rules and x0_mix) or None; `state`, what prepare leaves for forward, the rule's own."""
+
+    def __init__(self, cache=None, depth=None):
+        self.cache, self.depth, self.state = cache, depth, None
+
+
 class ResidualUpdate(nn.Module):
-    """What every update rule shares. For each sublayer (attention or MLP) with branch F:
+    """The rule protocol: every hook that the model, optimizer, export, diagnostics and kernels consult, with its
+    default (docs/rules.md, "Writing a rule"). For each sublayer (attention or MLP) with branch F, and its Sublayer sub:
 
-        h, state = rule.prepare(x, cache)     # the branch's input, and what forward needs
-        x_next = rule(x, F(norm(h)), state)   # forward(x, u, state): the branch output u written in
+        h = rule.prepare(x, sub)       # the branch's input; what forward needs, prepare leaves in sub.state
+        x_next = rule(x, F(norm(h)), sub)
 
-    By default the stream x is the (..., d) tensor the branches see, prepare hands it on, and state is the decoding
-    cache (a DecodeStep, or None): a rule that mixes positions keeps its per-position terms in it (cache.write); a
-    one-stream rule writes forward(x, u, cache=None) alone."""
+    By default the stream x is the (..., d) tensor the branches see and prepare hands it on: a one-stream rule writes
+    forward(x, u, sub) alone."""
     keeps_norm = False  # it keeps ||x||, so the model has no norms ([OT])
     normalized = False  # nGPT's architecture
-    depth = False  # it reads what earlier sublayers wrote: prepare(x, cache, depth) gets the forward's Depth
+    depth = False  # it reads what earlier sublayers wrote (sub.depth), and the output as a sublayer after the last
     anchors = False  # x0_mix may mix the embeddings into its stream
-    no_decay = ()  # names of its parameters that weight decay leaves alone (its vectors never decay)
+    no_decay = ()  # names of its parameters, in its submodules too, that weight decay leaves alone
 
     @dataclass
     class Options:
@@ -100,6 +107,10 @@ class ResidualUpdate(nn.Module):
         return cls()
 
     @classmethod
+    def read_out(cls, cfg, causal):  # what reads the last stream for the head (its prepare), or None: the stream itself
+        return cls.from_config(cfg, 2 * cfg.n_layer, causal) if cls.depth else None  # ([AttnRes] Sec. 3.2)
+
+    @classmethod
     def after_step(cls, model):  # after every optimizer step
         pass
 
@@ -111,8 +122,11 @@ class ResidualUpdate(nn.Module):
     def exported(cls, options):  # its options in a folder that carries model.py alone (orthogpt/hf.py)
         return options
 
-    def prepare(self, x, cache=None):
-        return x, cache
+    def coefficients(self, x):  # a wide rule's (read, write, mixing) on its stream x (..., n, d): the diagnostics'
+        return None
+
+    def prepare(self, x, sub):
+        return x
 
 
 def copied(x, n):
@@ -134,7 +148,7 @@ class AdditiveUpdate(ResidualUpdate):
     """x_next = x + u: the standard residual connection ([OT] Eq. 2)."""
     anchors = True
 
-    def forward(self, x, u, cache=None):
+    def forward(self, x, u, sub=None):
         return x + u
 
 
@@ -178,7 +192,7 @@ class OrthogonalUpdate(ResidualUpdate):
         return cls(o.ortho_mode, o.ortho_eps, o.ortho_prob, causal)
 
     def scale(self, x, u, cache=None):
-        """s, broadcastable against x: (B, T, 1), or (B, 1, 1) in non-causal global mode."""
+        """s, broadcastable against x: (B, T, 1), or (B, 1, 1) in non-causal global mode; cache: a DecodeStep."""
         xu, xx = dot(x, u), dot(x, x)
         if self.mode == 'global' and self.causal:  # decoding: the sums over each query's visible positions
             xu, xx = ((cache.visible.to(t.dtype) @ t for t in cache.write(self, xu, xx, dim=-2)) if cache is not None
@@ -187,9 +201,9 @@ class OrthogonalUpdate(ResidualUpdate):
             xu, xx = xu.sum(-2, keepdim=True), xx.sum(-2, keepdim=True)
         return xu / (xx + self.eps)
 
-    def forward(self, x, u, cache=None):
+    def forward(self, x, u, sub=None):
         xf, uf = wide(x), wide(u)
-        s = self.scale(xf, uf, cache)
+        s = self.scale(xf, uf, sub and sub.cache)
         if self.prob < 1:  # the connection's draw in training, its probability in eval
             s = s * ((torch.rand((x.shape[0],) + (1,) * (x.dim() - 1), device=x.device) < self.prob).float()
                      if self.training else self.prob)
@@ -208,7 +222,7 @@ class RotationUpdate(ResidualUpdate):
     keeps_norm = True
     small_angle = 1e-2
 
-    def forward(self, x, u, cache=None):
+    def forward(self, x, u, sub=None):
         xf, uf = wide(x), wide(u)
         u_perp = uf - dot(xf, uf) / dot(xf, xf) * xf
         t = dot(u_perp, u_perp) / x.shape[-1]  # theta^2, (..., 1)
@@ -251,7 +265,7 @@ class NormalizedUpdate(ResidualUpdate):
         for w, dim in model.stream_matrices():  # F.normalize's arithmetic, in place
             w.div_(torch.linalg.vector_norm(w, dim=dim, keepdim=True).clamp_min(1e-12))
 
-    def forward(self, x, u, cache=None):
+    def forward(self, x, u, sub=None):
         xf, uf = wide(x), wide(u)
         return F.normalize(xf + self.alpha() * (F.normalize(uf, dim=-1) - xf), dim=-1).to(x.dtype)
 
@@ -281,15 +295,14 @@ class HyperConnection(ResidualUpdate):
         at_least_one(cfg.options, 'hc_rate')
         if cfg.options.hc_kernels == 'triton' and 'triton' not in KERNELS:
             raise ValueError("hc_kernels='triton' needs the fused kernels, which orthogpt registers where triton "
-                             "imports (pip install triton); or use hc_kernels='auto' (them where they run, else the "
-                             "rule's own PyTorch)")
+                             "imports (pip install triton); or hc_kernels='auto' (them where they run, else PyTorch)")
 
     def __init__(self, d, n, layer, dynamic, recompute=False, kernels='torch'):
         super().__init__()
         self.static_beta = nn.Parameter(torch.ones(n))  # B
         self.static_alpha = nn.Parameter(torch.cat([F.one_hot(torch.tensor(layer % n), n).float()[:, None],
                                                     torch.eye(n)], dim=1))  # [A_m | A_r], (n, n + 1)
-        self.dynamic, self.recompute, self.kernels = dynamic, recompute, kernels
+        self.n, self.dynamic, self.recompute, self.kernels = n, dynamic, recompute, kernels
         if dynamic:
             self.norm = nn.LayerNorm(d)
             self.W_alpha, self.W_beta = nn.Parameter(torch.zeros(d, n + 1)), nn.Parameter(torch.zeros(d, 1))
@@ -308,10 +321,19 @@ class HyperConnection(ResidualUpdate):
     def exported(cls, options):  # the kernels come with orthogpt, not model.py: 'auto' runs them where it is imported
         return replace(options, hc_kernels='auto' if options.hc_kernels == 'triton' else options.hc_kernels)
 
+    def twin(self):  # constants from which type(self)(d, *twin()) builds this rule at width d (the kernels' proof)
+        return self.n, 1, self.dynamic
+
+    def operands(self):  # the read's tensors, project()'s and the fused kernels' (which read nothing else of a rule)
+        """(kind, W, a, b, norm): products z = Norm(H) W, 'layernorm' per copy with norm's (weight, bias, eps), the read
+        weights a tanh(z_i0) + b_i ('rms': mHC's); None where static (maps(None) alone)."""
+        return ('layernorm', torch.cat([self.W_alpha, self.W_beta], 1), self.s_alpha, self.static_alpha[:, 0],
+                (self.norm.weight, self.norm.bias, self.norm.eps)) if self.dynamic else None
+
     def project(self, H):
         """z = LayerNorm(H) [W_alpha | W_beta], (..., n, n + 2): the products of Eq. 10-13, one row per copy."""
-        H_bar = F.layer_norm(H, H.shape[-1:], self.norm.weight.to(H.dtype), self.norm.bias.to(H.dtype), self.norm.eps)
-        return H_bar @ torch.cat([self.W_alpha, self.W_beta], 1).to(H.dtype)
+        _, W, _, _, (weight, bias, eps) = self.operands()
+        return F.layer_norm(H, H.shape[-1:], weight.to(H.dtype), bias.to(H.dtype), eps) @ W.to(H.dtype)
 
     def maps(self, z, sinkhorn_knopp=None):
         """(A_m (..., n), B (..., n), A_r^T (..., n, n)) from the products z (None: static); sinkhorn_knopp: mHC's."""
@@ -330,22 +352,24 @@ class HyperConnection(ResidualUpdate):
         fused = KERNELS.get(self.kernels)
         return fused if fused is not None and fused.takes(self, x) else None
 
-    def prepare(self, x, cache=None):
+    def prepare(self, x, sub):
         fused = self.implementation(x)
         if fused is not None:
-            return fused.prepare(self, x)
+            h, sub.state = fused.prepare(self, x)
+            return h
         H = wide(x)
         with torch.autocast(H.device.type, enabled=False):  # products in float32, not rounded by mixed precision
             recompute = self.recompute and torch.is_grad_enabled()
             read, write, mixing = (checkpoint(self.coefficients, H, use_reentrant=False) if recompute else
                                    self.coefficients(H))
-            return combine(read.unsqueeze(-1), H)[..., 0, :].to(x.dtype), (write, mixing)
+            sub.state = write, mixing
+            return combine(read.unsqueeze(-1), H)[..., 0, :].to(x.dtype)
 
-    def forward(self, x, u, state):
+    def forward(self, x, u, sub):
         fused = self.implementation(x)
         if fused is not None:
-            return fused.forward(self, x, u, state)
-        write, mixing = state
+            return fused.forward(self, x, u, sub.state)
+        write, mixing = sub.state
         H, u = wide(x), wide(u)
         mixed = H if mixing is None else combine(mixing.mT, H)  # sum_i mixing[j, i] H_i
         return (mixed + write.unsqueeze(-1) * u.unsqueeze(-2)).to(stream_dtype(x))  # (..., n, d)
@@ -418,11 +442,17 @@ class ManifoldHyperConnection(HyperConnection):
         return cls(cfg.n_embd, o.hc_rate, layer, o.hc_dynamic, o.mhc_sinkhorn_iters, o.mhc_res, o.hc_recompute,
                    o.mhc_res_init, o.hc_kernels)
 
+    def twin(self):
+        return self.n, 1, self.dynamic, self.iters, self.res
+
+    def operands(self):  # 'rms': z = RMSNorm(vec(H)) phi, read weights sigmoid(a z[:n] + b) (HyperConnection's)
+        return ('rms', self.phi, self.a_pre, self.b_pre, (None, None, 1e-20)) if self.dynamic else None
+
     def project(self, H):
         """z = x' [phi_pre | phi_post | phi_res] (..., m), x' = RMSNorm(vec(H)) (Eq. 7-8), the division after the
         product as Sec. 4.3.1 orders it (Eq. 15-16; the RMSNorm's weight is part of phi)."""
-        x = H.flatten(-2)  # (..., n d)
-        return (x @ self.phi.to(x.dtype)) * torch.rsqrt(x.square().mean(-1, keepdim=True) + 1e-20)
+        x, (_, phi, _, _, (_, _, eps)) = H.flatten(-2), self.operands()  # (..., n d)
+        return (x @ phi.to(x.dtype)) * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
 
     def maps(self, z, sinkhorn_knopp=None):
         """(H_pre (..., n), H_post (..., n), H_res (..., n, n) or None for the identity) from the projection z (None:
@@ -474,7 +504,7 @@ class DeltaUpdate(ResidualUpdate):
     def from_config(cls, cfg, layer, causal):
         return cls(cfg.n_embd, cfg.options.ddl_beta_init, cfg.options.ddl_eps)
 
-    def forward(self, x, u, cache=None):
+    def forward(self, x, u, sub=None):
         xf, uf = wide(x), wide(u)
         c = F.rms_norm(xf, xf.shape[-1:])
         k = uf * torch.rsqrt(dot(uf, uf) + self.eps ** 2)
@@ -489,11 +519,11 @@ class AttentionResidual(ResidualUpdate):
 
         h_l = sum_{i<l} a_{i,l} v_i,   a_{i,l} = softmax_i(w_l . RMSNorm(v_i)),
 
-    w_l a query per sublayer, 0 at init: the uniform mean of n sources, x / n for the additive stream x, which a pre-norm
-    reads as x with n^2 times its eps (docs/rules.md: what that does to GPT-2's block). attnres_block = S > 1 is Block
-    AttnRes (Sec. 3.2, Eq. 5-6): the
-    sources are the embeddings, each completed block of S sublayers' sum, and the current block's sum so far. The
-    output is read the same way by one more query. What forward passes on is the sources' sum, the additive stream."""
+    w_l a query per sublayer, 0 at init: the uniform mean of n sources, x / n for the additive stream x, which a
+    pre-norm reads as x with n^2 times its eps (docs/rules.md: what that does to GPT-2's block). attnres_block = S > 1
+    is Block AttnRes (Sec. 3.2, Eq. 5-6): the sources are the embeddings, each completed block of S sublayers' sum,
+    and the current block's sum so far. The output is read the same way by one more query. What forward passes on is
+    the sources' sum, the additive stream."""
     depth = True
 
     @dataclass
@@ -512,16 +542,16 @@ class AttentionResidual(ResidualUpdate):
     def from_config(cls, cfg, layer, causal):
         return cls(cfg.n_embd, layer, cfg.options.attnres_block)
 
-    def prepare(self, x, cache=None, depth=None):  # alone, outside a trunk: x is the only source
-        depth = Depth(x) if depth is None else depth
+    def prepare(self, x, sub):
+        depth = sub.depth = sub.depth or Depth(x)  # alone, outside a trunk: x is the only source
         sources = depth.outputs + ([] if depth.partial is None else [depth.partial])  # each (..., d)
         # w . RMSNorm(v) = <v, g w> / rms(v), the sources never stacked: backward keeps each once, not once a sublayer
         key, eps = self.norm.weight * self.query, self.norm.eps or torch.finfo(sources[0].dtype).eps
         a = torch.softmax(torch.stack([dot(v, key) * torch.rsqrt(dot(v, v) / v.shape[-1] + eps) for v in sources]), 0)
-        return sum(w * v for w, v in zip(a, sources)).to(x.dtype), depth
+        return sum(w * v for w, v in zip(a, sources)).to(x.dtype)
 
-    def forward(self, x, u, depth):
-        u = wide(u)
+    def forward(self, x, u, sub):
+        u, depth = wide(u), sub.depth
         depth.partial = u if depth.partial is None else depth.partial + u
         if (self.layer + 1) % self.block == 0:  # the block is complete: its sum is a source of its own
             depth.outputs.append(depth.partial)
@@ -549,15 +579,16 @@ class DenseFormerUpdate(ResidualUpdate):
     def from_config(cls, cfg, layer, causal):
         return cls(layer)
 
-    def prepare(self, x, cache=None, depth=None):  # alone, outside a trunk: x is the only output so far
-        return x, Depth(x) if depth is None else depth
+    def prepare(self, x, sub):
+        sub.depth = sub.depth or Depth(x)  # alone, outside a trunk: x is the only output so far
+        return x
 
-    def forward(self, x, u, depth):
+    def forward(self, x, u, sub):
         x = x + u
         if self.alpha is None:
             return x
-        depth.outputs.append(x)  # X_i, block i's output
-        return sum(a * X for a, X in zip(self.alpha.to(x.dtype), depth.outputs))
+        sub.depth.outputs.append(x)  # X_i, block i's output
+        return sum(a * X for a, X in zip(self.alpha.to(x.dtype), sub.depth.outputs))
 
 
 # ----------------------------------------------------------------------------- 2. orthogonal Q/K/V
@@ -569,8 +600,7 @@ def cayley(w):
     return 2 * torch.linalg.inv_ex(eye + w - w.mT)[0] - eye
 
 
-def exp_map(w):
-    """The matrix exponential of A = W - W^T ([OViT] Sec. 3.2, the Exp-ViT comparison)."""
+def exp_map(w):  # the matrix exponential of A = W - W^T ([OViT] Sec. 3.2, the Exp-ViT comparison)
     return torch.linalg.matrix_exp(w - w.mT)
 
 
@@ -710,8 +740,7 @@ class GPTConfig(BlockConfig):
 
 # ----------------------------------------------------------------------------- 4. Block
 
-def raw(linear):
-    """The weight a Linear's optimizer steps: its raw W where a Q/K/V map reads one, else its weight."""
+def raw(linear):  # the weight a Linear's optimizer steps: its raw W where a Q/K/V map reads one, else its weight
     return linear.parametrizations.weight.original if parametrize.is_parametrized(linear) else linear.weight
 
 
@@ -777,19 +806,14 @@ class SelfAttention(nn.Module):
         return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, C)))  # heads side by side: (B, T, C)
 
 
-def mlp_width(cfg):
-    """The MLP's hidden width: mlp_ratio x n_embd; by default 4 x, or 8/3 x for the gated MLP (the same parameters)."""
-    ratio = cfg.mlp_ratio if cfg.mlp_ratio is not None else 8 / 3 if cfg.mlp == 'gated' else 4
-    return round(ratio * cfg.n_embd)
-
-
 class MLP(nn.Module):
     """Linear -> activation -> Linear ('standard'), or u * SiLU(v) with u and v from one Linear twice as wide ('gated',
     nGPT's SwiGLU). `normalized`: u s_u and v s_v sqrt(d) ([nGPT] Sec. 2.4.2, Eq. 20-21; 'standard': v's alone)."""
 
     def __init__(self, cfg, normalized):
         super().__init__()
-        hidden, self.gated = mlp_width(cfg), cfg.mlp == 'gated'
+        self.gated = cfg.mlp == 'gated'
+        hidden = round((cfg.mlp_ratio or (8 / 3 if self.gated else 4)) * cfg.n_embd)  # 8/3: the parameters of 4 x
         self.c_fc = nn.Linear(cfg.n_embd, hidden * (2 if self.gated else 1), bias=cfg.bias)
         self.act = (nn.SiLU() if self.gated else nn.ReLU() if cfg.activation == 'relu' else
                     ReLU2() if cfg.activation == 'relu2' else
@@ -855,11 +879,9 @@ class Block(nn.Module):
     def forward(self, x, cache=None, depth=None, ve=None):  # (B, T, C), or the rule's wider stream; depth: a Depth
         if self.anchor is not None:
             x = self.anchor(x, depth.anchor)
-        reads = (depth,) if self.update_attn.depth else ()
-        h, state = self.update_attn.prepare(x, cache, *reads)  # (B, T, C)
-        x = self.update_attn(x, self.attn(self.ln_1(h), cache, ve), state)
-        h, state = self.update_mlp.prepare(x, cache, *reads)
-        return self.update_mlp(x, self.mlp(self.ln_2(h)), state)
+        a, m = Sublayer(cache, depth), Sublayer(cache, depth)
+        x = self.update_attn(x, self.attn(self.ln_1(self.update_attn.prepare(x, a)), cache, ve), a)  # (B, T, C)
+        return self.update_mlp(x, self.mlp(self.ln_2(self.update_mlp.prepare(x, m))), m)
 
     @torch.no_grad()
     def init_weights(self, cfg):
@@ -888,9 +910,7 @@ class Block(nn.Module):
 
 # ----------------------------------------------------------------------------- 5. Trunk, GPT, ViT
 
-class Sphere(nn.Module):
-    """x / ||x|| in float32: onto the unit sphere, where the normalized Transformer's stream lives."""
-
+class Sphere(nn.Module):  # x / ||x|| in float32: onto the unit sphere, where the normalized Transformer's stream lives
     def forward(self, x):
         return F.normalize(wide(x), dim=-1).to(x.dtype)
 
@@ -907,8 +927,7 @@ class Trunk:
         self.ln_emb = (Sphere() if normalized else
                        nn.RMSNorm(config.n_embd, eps=1e-30, elementwise_affine=False) if keeps_norm else nn.Identity())
         self.blocks = nn.ModuleList([Block(config, i, causal, normalized) for i in range(config.n_layer)])
-        # a rule that reads depth reads the output too, as a sublayer after the last ([AttnRes] Sec. 3.2)
-        self.read_out = self.rule.from_config(config, 2 * config.n_layer, causal) if self.rule.depth else None
+        self.read_out = self.rule.read_out(config, causal)
         self.ln_f = make_norm(config, keeps_norm)
         self.s_z = ScaleVector(n_out, 1.0, 1 / math.sqrt(config.n_embd)) if normalized else None
 
@@ -924,7 +943,7 @@ class Trunk:
         for i, block in enumerate(self.blocks):
             x = block(x, cache, depth, values[i] if values else None)
         if self.read_out is not None:
-            x = self.read_out.prepare(x, cache, depth)[0]
+            x = self.read_out.prepare(x, Sublayer(cache, depth))
         return self.ln_f(x.mean(-2) if n else x)
 
     def stream_matrices(self):
@@ -957,9 +976,8 @@ class DecodeState:
     def advance(self, T):
         """The DecodeStep of a forward of the next T tokens; pos moves past them (checked on the device: no sync)."""
         positions = self.pos + torch.arange(T, device=self.pos.device)  # (T,)
-        torch._assert_async(positions[-1] < self.capacity, f"decoding past block_size={self.capacity}, the positions "
-                                                           f"a DecodeState holds (a window that moves on is read "
-                                                           f"again from position 0: state.pos.zero_())")
+        torch._assert_async(positions[-1] < self.capacity, f"decoding past block_size={self.capacity}, the positions a "
+                            f"DecodeState holds (a window that moves on reads again from 0: state.pos.zero_())")
         self.pos.add_(T)
         return DecodeStep(self, positions)
 

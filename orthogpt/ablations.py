@@ -75,7 +75,7 @@ def beta_zero(model, fresh):
         m.b_beta.fill_(-math.inf)
 
 
-def write_only_forward(self, x, u, cache=None):
+def write_only_forward(self, x, u, sub=None):
     """[DDL] without its erase: x + beta v k, the delta rule's write alone (the term -beta <k, x> k dropped)."""
     xf, uf = wide(x), wide(u)
     c = torch.nn.functional.rms_norm(xf, xf.shape[-1:])

@@ -81,10 +81,10 @@ def mixing(module, x):
     float64 (the identity where the rule never mixes); None where the rule keeps one stream. The sublayer writes
     H_j <- sum_i H_res[j, i] H_i (HyperConnection.forward: combine(mixing.mT, H)), x_{l+1} = H_res x_l: a row
     gives one copy's new value, a column where one copy's value goes."""
-    coefficients = getattr(module, 'coefficients', None)
+    coefficients = module.coefficients(wide(x))
     if coefficients is None:
         return None
-    res, n = coefficients(wide(x))[2], x.shape[-2]
+    res, n = coefficients[2], x.shape[-2]
     res = torch.eye(n, dtype=torch.float64, device=x.device) if res is None else res.double()
     return res.expand(*x.shape[:-2], n, n).reshape(-1, n, n)  # a static rule's one H_res, for every token
 
@@ -335,8 +335,8 @@ def depth_pictures(model):
 
     def weigh(l, module, args):
         if isinstance(module, AttentionResidual):
-            depth[:] = [args[2]]
-            found.setdefault('attnres_weights', []).append(read_weights(module, args[2]))
+            depth[:] = [args[2].depth]  # forward(x, u, sub)
+            found.setdefault('attnres_weights', []).append(read_weights(module, depth[0]))
         elif isinstance(module, DeltaUpdate):
             beta = ddl_beta(module, args[0]).float().flatten()
             found.setdefault('ddl_beta', []).append(torch.histc(beta, BETA_BINS, 0, 2) / beta.numel())

@@ -637,34 +637,29 @@ def native(device):
     return device.type == 'cuda'
 
 
-def variant(rule):
-    """The rule as constants, from which the proof builds it again: its residual name, n, m (the columns of its
-    products z; 0 for a static rule, which has none), dynamic, and mHC's Sinkhorn rounds and H_res; or its class's
-    name alone where the kernels do not implement it (a subclass's code is its own)."""
-    if type(rule) is model.ManifoldHyperConnection:
-        return 'mhc', rule.n, rule.phi.shape[1] if rule.dynamic else 0, rule.dynamic, rule.iters, rule.res
-    if type(rule) is model.HyperConnection:
-        n = rule.static_beta.shape[0]
-        return 'hc', n, rule.W_alpha.shape[1] + rule.W_beta.shape[1] if rule.dynamic else 0, rule.dynamic
-    return type(rule).__name__,
+def spec(rule, n):
+    """The rule's shape class apart from width and dtypes, as constants, from what it hands the kernels (operands,
+    twin): its class and twin, n copies, the kind of its read's products (None: static) and their columns m. A
+    subclass is its own class: the proof builds it, so that one which changes the maths fails it, with the reason."""
+    operands = rule.operands()
+    kind, m = (None, 0) if operands is None else (operands[0], operands[1].shape[-1])
+    return type(rule), rule.twin(), n, kind, m
 
 
 def describe(spec, d, device, dtype, stream):
     """A shape class in the config's words."""
-    if len(spec) == 1:
-        return f"a {spec[0]}"
-    name, n, m, dynamic, *mhc = spec
-    options = [f"hc_rate={n}", *([] if dynamic else ['hc_dynamic=False']), *([f"mhc_res='{mhc[1]}'"] if mhc else [])]
+    cls, _, n, kind, m = spec
+    name = next((f"residual='{k}'" for k, v in model.RESIDUALS.items() if v is cls), f"a {cls.__name__}")
     read, written = (str(t).removeprefix('torch.') for t in (dtype, stream))
-    return (f"residual='{name}' ({', '.join(options)}) at n_embd={d} on {device} in {read}"
+    return (f"{name} (hc_rate={n}{'' if kind else ', hc_dynamic=False'}) at n_embd={d} on {device} in {read}"
             f"{f', written in {written}' if written != read else ''}")
 
 
 def unfit(spec, device, dtype):
     """Why the kernels do not take this shape class at all, or None."""
-    if len(spec) == 1:
-        return "the kernels implement residual='hc' and 'mhc' exactly, not a subclass's code; use hc_kernels='torch'"
-    _, n, m, _, *mhc = spec
+    _, _, n, kind, m = spec
+    if kind not in (None, 'rms', 'layernorm'):
+        return f"the kernels compute the read's products as 'rms' or 'layernorm', not {kind!r}; use hc_kernels='torch'"
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
         return f"the kernels compute streams of float32, bfloat16 or float16, not {dtype}; use hc_kernels='torch'"
     if not native(device) and not interpreting():
@@ -676,8 +671,7 @@ def unfit(spec, device, dtype):
     if n > COPIES:
         return f"the kernels take {COPIES} copies at most, not hc_rate={n}; {FALLBACK}"
     if m > COLUMNS:
-        return (f"the read's kernels hold {COLUMNS} columns of products at most, and hc_rate={n} gives {m}"
-                f"{' (n! + 2n)' if mhc and mhc[1] == 'permutation' else ''}; {FALLBACK}")
+        return f"the read's kernels hold {COLUMNS} columns of products at most, and hc_rate={n} gives {m}; {FALLBACK}"
     return None
 
 
@@ -717,10 +711,10 @@ def proof(spec, d, device, dtype, stream):
     output and gradient of the kernels' within TOLERANCE of the PyTorch's; a compile or launch error fails it too. It
     leaves the run as it was: its own generator, and none of the caller's dispatch modes (train.py counts the first
     forward's FLOPs under one) or module hooks (it calls no module)."""
-    name, n, _, dynamic, *mhc = spec
+    cls, twin, n = spec[:3]
     g = torch.Generator().manual_seed(0)
     with _disable_current_modes(), torch.inference_mode(False), torch.enable_grad():
-        rule = model.RESIDUALS[name](d, n, 1, dynamic, *mhc)
+        rule = cls(d, *twin)
         with torch.no_grad():
             for p in rule.parameters():
                 p.add_(0.3 * torch.randn(p.shape, generator=g))
@@ -747,8 +741,13 @@ def sublayer(rule, H, u, weights, stream, fused):
     cannot follow (docs/rules.md)."""
     H, u = H.detach().requires_grad_(), u.detach().requires_grad_()
     with torch.autocast(H.device.type, dtype=stream, enabled=stream != H.dtype):
-        h, state = rule.prepare(H) if fused is None else fused.prepare(rule, H)
-        out = rule.forward(H, u, state) if fused is None else fused.forward(rule, H, u, state)
+        if fused is None:
+            sub = model.Sublayer()
+            h = rule.prepare(H, sub)
+            out = rule.forward(H, u, sub)
+        else:
+            h, state = fused.prepare(rule, H)
+            out = fused.forward(rule, H, u, state)
     loss = (out.float() * weights[0]).sum() + (h.float() * weights[1]).sum()
     dH, du, *grads = torch.autograd.grad(loss, [H, u, *rule.parameters()])
     return h, out, dH, du, torch.cat([g.flatten() for g in grads])
@@ -769,26 +768,29 @@ class Fused:
         where its verdict allows."""
         if not (self.strict or native(x.device)):
             return False
-        return verdict(self.strict, variant(rule), x.shape[-1], x.device, x.dtype, model.stream_dtype(x)) is None
+        return verdict(self.strict, spec(rule, x.shape[-2]), x.shape[-1], x.device, x.dtype,
+                       model.stream_dtype(x)) is None
 
     def prepare(self, rule, x):
+        """(h, (write, mixing)) of the rule's prepare, from its operands and maps alone."""
         H = x.reshape(-1, *x.shape[-2:]).contiguous()  # (N, n, d)
         N, n, d = H.shape
         none = H.new_empty(0, dtype=torch.float32)
         f32 = lambda t: t.float()  # noqa: E731  (weights stored in bfloat16, as FSDP's param_dtype does, read in float32)
+        operands = rule.operands()
         with torch.autocast(x.device.type, enabled=False):
-            if not rule.dynamic:
+            if operands is None:
                 read, write, mixing = rule.maps(None, sinkhorn)
                 h = hc_read(H, f32(read).expand(N, n), none, none, none, none, none, NONE, 0.0)[0]
             else:
-                if isinstance(rule, model.ManifoldHyperConnection):  # RMSNorm(vec(H)) phi
-                    h, z = hc_read(H, none, f32(rule.phi), none, none, f32(rule.a_pre), f32(rule.b_pre),
-                                   RMS, 1e-20)[:2]
-                else:  # LayerNorm(H_i) W per copy: rho (H_i W' - mean c) + e; W' = diag(w) W, c its column sums, e = bW
-                    W = f32(torch.cat([rule.W_alpha, rule.W_beta], 1))
-                    weight = f32(rule.norm.weight)[:, None] * W
-                    h, z = hc_read(H, none, weight, weight.sum(0), f32(rule.norm.bias) @ W, f32(rule.s_alpha),
-                                   f32(rule.static_alpha[:, 0]), LAYERNORM, rule.norm.eps)[:2]
+                kind, W, a, b, (gain, bias, eps) = operands
+                if kind == 'rms':  # RMSNorm(vec(H)) W
+                    h, z = hc_read(H, none, f32(W), none, none, f32(a), f32(b), RMS, eps)[:2]
+                else:  # LayerNorm(H_i) W per copy: rho (H_i W' - mean c) + e; W' = diag(gain) W, c its column
+                    # sums, e = bias W
+                    weight = f32(gain)[:, None] * f32(W)
+                    h, z = hc_read(H, none, weight, weight.sum(0), f32(bias) @ f32(W), f32(a), f32(b), LAYERNORM,
+                                   eps)[:2]
                 _, write, mixing = rule.maps(z.view(*x.shape[:-2], *z.shape[1:]), sinkhorn)
         return h.view(*x.shape[:-2], d), (f32(write), None if mixing is None else f32(mixing))
 

@@ -45,7 +45,7 @@ from torch.autograd import DeviceType
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 import configure  # noqa: E402
-from model import QKV_MAPS, RESIDUALS, OrthogonalQKV, copied  # noqa: E402
+from model import QKV_MAPS, RESIDUALS, OrthogonalQKV, Sublayer, copied  # noqa: E402
 from orthogpt import decoding, diagnostics, errors, parallel  # noqa: E402
 from orthogpt.errors import UserError  # noqa: E402
 from orthogpt.run import setup  # noqa: E402
@@ -324,8 +324,9 @@ def bench_sampling(runners, args):
 def update(rule, x, u, g):
     """One sublayer's update, forward and backward: the stream prepared, then u written in; g the
     stream's gradient (the branch input's: u's values)."""
-    h, state = rule.prepare(x)
-    torch.autograd.backward([rule(x, u, state), h], [g, u.detach()])
+    sub = Sublayer()
+    h = rule.prepare(x, sub)
+    torch.autograd.backward([rule(x, u, sub), h], [g, u.detach()])
 
 
 def bench_rules(cfg, device, args):

@@ -236,9 +236,10 @@ def selfcheck(out, smoke):
     failed = 0
     for rule, width in itertools.product(PROVED, [16] if smoke else WIDTHS):
         cfg = configure.load([f'config/shakespeare_{rule}.py', f'--n_embd={width}'])
-        wide = RESIDUALS[cfg.residual].from_config(model_config(cfg), 0, True)
+        keys, rule_class = model_config(cfg), RESIDUALS[cfg.residual]
+        spec = hc_kernels.spec(rule_class.from_config(keys, 0, True), rule_class.copies(keys))
         for dtype in dict.fromkeys((torch.float32, stream)):
-            why = hc_kernels.verdict(False, hc_kernels.variant(wide), width, device, dtype, stream)
+            why = hc_kernels.verdict(False, spec, width, device, dtype, stream)
             failed += why is not None
             print(f"| {rule} | {width} | {str(dtype)[6:]}, {str(stream)[6:]} | "
                   f"{'pass' if why is None else why.replace('|', '/')} |", flush=True)

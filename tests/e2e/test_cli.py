@@ -30,7 +30,7 @@ class SignalInEvaluation(AdditiveUpdate):
     def after_step(cls, model):
         cls.steps += 1
 
-    def forward(self, x, u, cache=None):
+    def forward(self, x, u, sub=None):
         if not self.training and self.steps == self.at:
             type(self).calls += 1
             if self.calls == self.batch:

@@ -39,7 +39,7 @@ class SphereUpdate(ResidualUpdate):
             if isinstance(m, cls):
                 m.gain.clamp_(0, 1)
 
-    def forward(self, x, u, cache=None):
+    def forward(self, x, u, sub=None):
         y = x + self.gain * u
         return y * (math.sqrt(x.shape[-1]) / y.norm(dim=-1, keepdim=True))
 
@@ -108,7 +108,8 @@ class RunningMean(ResidualUpdate):
     """x_next = x + the mean of u over positions <= t: a causal rule that mixes positions, so that decoding keeps
     every position's u in the decode state (cache.write) and each query averages those it sees. A toy."""
 
-    def forward(self, x, u, cache=None):
+    def forward(self, x, u, sub=None):
+        cache = sub and sub.cache
         if cache is None:
             sums, counts = u.cumsum(-2), torch.arange(1, u.shape[-2] + 1, dtype=u.dtype, device=u.device)[:, None]
         else:

@@ -26,10 +26,10 @@ class Twins(ResidualUpdate):
     def copies(cls, cfg):  # (B, T, d) -> (B, T, 2, d)
         return 2
 
-    def prepare(self, x, cache=None):
-        return x.mean(-2), None
+    def prepare(self, x, sub):
+        return x.mean(-2)
 
-    def forward(self, x, u, state):
+    def forward(self, x, u, sub):
         return x + self.into * u.unsqueeze(-2)
 
 

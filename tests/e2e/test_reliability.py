@@ -94,7 +94,7 @@ class Failing(AdditiveUpdate):
     def after_step(cls, model):
         cls.steps += 1
 
-    def forward(self, x, u, cache=None):
+    def forward(self, x, u, sub=None):
         if self.training and torch.is_grad_enabled() and self.oom_from is not None and self.steps - 1 >= self.oom_from:
             raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 20.00 GiB')
         return x + u + self.weight

@@ -26,7 +26,7 @@ from model import DenseFormerUpdate, ResidualUpdate, register
 class Halfway(ResidualUpdate):
     """x + u / 2: one stream."""
 
-    def forward(self, x, u, cache=None):
+    def forward(self, x, u, sub=None):
         return x + u / 2
 
 
@@ -46,10 +46,10 @@ class Twins(ResidualUpdate):
     def copies(cls, cfg):
         return 2
 
-    def prepare(self, x, cache=None):
-        return x.mean(-2), None
+    def prepare(self, x, sub):
+        return x.mean(-2)
 
-    def forward(self, x, u, state):
+    def forward(self, x, u, sub):
         return x + self.into * u.unsqueeze(-2)
 
 
@@ -57,8 +57,8 @@ class Twins(ResidualUpdate):
 class DenseHalf(DenseFormerUpdate):
     """DenseFormer's averaging over depth, each branch written in at half its size: a depth rule."""
 
-    def forward(self, x, u, depth):
-        return super().forward(x, u / 2, depth)
+    def forward(self, x, u, sub):
+        return super().forward(x, u / 2, sub)
 '''
 RULES = ('halfway', 'twins', 'dense_half')
 

@@ -111,7 +111,7 @@ def test_the_selfcheck_names_each_shape_class_that_fails_its_proof_and_fails(tmp
     """Injected: a proof that fails for mHC-lite alone."""
     from orthogpt import hc_kernels
     monkeypatch.setattr(hc_kernels, 'VERDICTS', {})
-    monkeypatch.setattr(hc_kernels, 'proof', lambda spec, *args: 'injected' if 'permutation' in spec else None)
+    monkeypatch.setattr(hc_kernels, 'proof', lambda spec, *args: 'injected' if 'permutation' in spec[1] else None)
     with pytest.warns(RuntimeWarning, match=r"the kernels failed their proof \(injected\)"), \
             pytest.raises(UserError, match=r"^1 shape class\(es\) failed the kernels' proof"):
         suite.selfcheck(str(tmp_path), True)

@@ -51,14 +51,14 @@ def test_the_wide_rules_mixing_becomes_the_identity_and_their_maps_their_init(ke
 
 
 def test_uniform_depth_reads_the_mean_of_the_sources(gpt_config):
-    from model import Depth
+    from model import Depth, Sublayer
     model, fresh = trained(gpt_config, residual='attnres')
     ablations.uniform_depth(model, fresh)
     sources = [torch.randn(2, 5, 16, dtype=torch.float64) for _ in range(3)]
     for _, _, m in ablations.rule_modules(model):
         depth = Depth(sources[0])
         depth.outputs += sources[1:]
-        torch.testing.assert_close(m.prepare(sources[0], None, depth)[0], sum(sources) / 3, rtol=1e-14, atol=1e-14)
+        torch.testing.assert_close(m.prepare(sources[0], Sublayer(depth=depth)), sum(sources) / 3, rtol=1e-14, atol=1e-14)
     assert len(ablations.rule_modules(model)) == 5  # the read-out too
 
 

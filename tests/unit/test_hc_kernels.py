@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import model
-from model import HyperConnection, ManifoldHyperConnection
+from model import HyperConnection, ManifoldHyperConnection, Sublayer
 
 kernels = pytest.importorskip('orthogpt.hc_kernels')
 
@@ -41,8 +41,9 @@ def sublayer(rule, H, branch, implementation):
     sublayer whose branch is tanh(h W), under a loss that weighs every output differently."""
     rule.kernels = implementation
     H = H.detach().requires_grad_()
-    h, state = rule.prepare(H)
-    out = rule(H, torch.tanh(h @ branch), state)
+    sub = Sublayer()
+    h = rule.prepare(H, sub)
+    out = rule(H, torch.tanh(h @ branch), sub)
     loss = (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=out.device).view_as(out)).sum() + (h * h).sum() / 3
     return [h, out, *torch.autograd.grad(loss, [H, branch, *rule.parameters()])]
 
@@ -100,8 +101,8 @@ def test_under_bfloat16_autocast_the_kernels_store_the_copies_as_the_rule_does(v
     with torch.no_grad(), torch.autocast(kernel_device, dtype=torch.bfloat16):
         for implementation in ('triton', 'torch'):
             rule.kernels = implementation
-            h, state = rule.prepare(H)
-            outs.append((h, rule(H, u, state)))
+            sub = Sublayer()
+            outs.append((rule.prepare(H, sub), rule(H, u, sub)))
     for fused, plain in zip(*outs):
         assert fused.dtype == plain.dtype == torch.bfloat16
         assert ((fused.float() - plain.float()).abs() <= plain.float().abs() * 2 ** -7).all()
@@ -117,8 +118,9 @@ def test_weights_stored_in_bfloat16_as_fsdp_stores_them_are_read_in_float32(vari
     outs = []
     for implementation in ('triton', 'torch'):
         rule.kernels = implementation
-        h, state = rule.prepare(H)
-        out = rule(H, u, state)
+        sub = Sublayer()
+        h = rule.prepare(H, sub)
+        out = rule(H, u, sub)
         grads = torch.autograd.grad(out.float().sum() + h.float().sum(), list(rule.parameters()))
         assert all(g.dtype == torch.bfloat16 and g.isfinite().all() for g in grads)
         outs.append((h, out))
@@ -133,10 +135,10 @@ def test_where_the_kernels_do_not_run_they_say_why(monkeypatch, gpt_config):
     rule.kernels = 'triton'
     monkeypatch.setattr(kernels, 'VERDICTS', {})
     with pytest.raises(ValueError, match=re.escape(
-            "hc_kernels='triton' cannot run residual='mhc' (hc_rate=4, mhc_res='sinkhorn') at n_embd=72 on cpu in "
+            "hc_kernels='triton' cannot run residual='mhc' (hc_rate=4) at n_embd=72 on cpu in "
             "float64: the kernels compute streams of float32, bfloat16 or float16, not torch.float64; use "
             "hc_kernels='torch'")):
-        rule.prepare(torch.randn(2, 4, D, dtype=torch.float64))
+        rule.prepare(torch.randn(2, 4, D, dtype=torch.float64), Sublayer())
     monkeypatch.setattr(kernels, 'interpreting', lambda: True)
     for triton_version, numpy_version in (('3.6.0', '2.4.6'), ('3.5.1', '2.5.0')):  # torch 2.11's Triton, today's numpy
         monkeypatch.setattr(kernels, 'VERDICTS', {})
@@ -144,14 +146,14 @@ def test_where_the_kernels_do_not_run_they_say_why(monkeypatch, gpt_config):
         monkeypatch.setattr(kernels.np, '__version__', numpy_version)
         with pytest.raises(ValueError, match=rf"Triton {triton_version}'s interpreter cannot run the kernels beside "
                                              rf"numpy {numpy_version} .*: pip install 'triton>=3.7' or 'numpy<2.4'"):
-            rule.prepare(torch.randn(2, 4, D))
+            rule.prepare(torch.randn(2, 4, D), Sublayer())
     monkeypatch.undo()
     monkeypatch.setattr(kernels, 'VERDICTS', {})
     monkeypatch.setattr(kernels, 'interpreting', lambda: False)
     with pytest.raises(ValueError, match=re.escape("the kernels run on CUDA GPUs, not cpu (on a CPU under Triton's "
                                                    "interpreter, TRITON_INTERPRET=1, slowly: for tests); use "
                                                    "hc_kernels='auto' or 'torch'")):
-        rule.prepare(torch.randn(2, 4, D))
+        rule.prepare(torch.randn(2, 4, D), Sublayer())
     rule.kernels = 'auto'  # on a CPU: the rule's own code
     assert rule.implementation(torch.randn(2, 4, D)) is None
     monkeypatch.setattr(model, 'KERNELS', {})

@@ -10,7 +10,7 @@ import warnings
 import pytest
 import torch
 
-from model import GPT, HyperConnection, ManifoldHyperConnection
+from model import GPT, HyperConnection, ManifoldHyperConnection, Sublayer
 
 kernels = pytest.importorskip('orthogpt.hc_kernels')
 
@@ -35,8 +35,9 @@ def sublayer(rule, implementation, H, u):
     """(h, the next stream, the gradients of H and of every parameter) of one sublayer on implementation."""
     rule.kernels = implementation
     H = H.detach().requires_grad_()
-    h, state = rule.prepare(H)
-    out = rule(H, u, state)
+    sub = Sublayer()
+    h = rule.prepare(H, sub)
+    out = rule(H, u, sub)
     return [h, out, *torch.autograd.grad(out.sum() + h.square().sum(), [H, *rule.parameters()])]
 
 
@@ -50,7 +51,7 @@ def test_auto_proves_each_shape_class_once_and_then_runs_the_kernels(as_on_cuda,
     sublayer(ManifoldHyperConnection(100, 4, 0, True, 3), 'auto', torch.randn(3, 4, 100), torch.randn(3, 100))
     assert len(proofs) == 1 and len(writes) == 1 + 3  # the proof's own write, then one a sublayer
     sublayer(ManifoldHyperConnection(D, 3, 0, True, 3), 'auto', H[..., :3, :], u)
-    assert [spec[1] for spec, *_ in proofs] == [4, 3]
+    assert [spec[2] for spec, *_ in proofs] == [4, 3]  # n
     assert list(kernels.VERDICTS.values()) == [None, None]
 
 
@@ -84,7 +85,7 @@ def test_a_failing_kernel_warns_once_and_auto_runs_the_rules_pytorch_while_trito
     monkeypatch.setattr(kernels, name, make(getattr(kernels, name)))
     rule = ManifoldHyperConnection(D, 4, 0, True, 3)
     H, u = torch.randn(2, 5, 4, D), torch.randn(2, 5, D)
-    shape = r"residual='mhc' \(hc_rate=4, mhc_res='sinkhorn'\) at n_embd=72 on cpu in float32"
+    shape = r"residual='mhc' \(hc_rate=4\) at n_embd=72 on cpu in float32"
     with pytest.warns(RuntimeWarning, match=rf"^hc_kernels='auto' runs the rule's PyTorch for {shape} from now on: "
                                             rf"the kernels failed their proof \({why}"):
         fallback = sublayer(rule, 'auto', H, u)
@@ -101,9 +102,9 @@ def test_a_failing_kernel_warns_once_and_auto_runs_the_rules_pytorch_while_trito
 
 
 UNFIT = {'mhc-lite-5': ('mhc', dict(mhc_res='permutation', hc_rate=5),
-                         "the read's kernels hold 64 columns of products at most, and hc_rate=5 gives 130 (n! + 2n)"),
+                         "the read's kernels hold 64 columns of products at most, and hc_rate=5 gives 130"),
          'mhc-lite-6': ('mhc', dict(mhc_res='permutation', hc_rate=6),
-                        "the read's kernels hold 64 columns of products at most, and hc_rate=6 gives 732 (n! + 2n)"),
+                        "the read's kernels hold 64 columns of products at most, and hc_rate=6 gives 732"),
          'hc-9': ('hc', dict(hc_rate=9), "the kernels take 8 copies at most, not hc_rate=9")}
 
 
@@ -127,8 +128,7 @@ def test_shapes_the_kernels_do_not_fit_run_on_pytorch_under_auto_and_triton_refu
         results.append([loss, *(p.grad for p in net.parameters())])
     assert all(torch.equal(a, b) for a, b in zip(*results))
     fix = "use hc_kernels='auto' (the rule's PyTorch where the kernels do not run) or 'torch'"
-    shape = f"residual='{residual}' ({', '.join(f'{k}={v!r}' for k, v in reversed(options.items()))}) at n_embd=16 " \
-            f"on cpu in float32"
+    shape = f"residual='{residual}' (hc_rate={options['hc_rate']}) at n_embd=16 on cpu in float32"
     assert [r.getMessage() for r in caplog.records if r.name == 'orthogpt.hc_kernels'] == [
         f"hc_kernels='auto' runs the rule's PyTorch for {shape}: {reason}; {fix}"]  # once: x is float32 throughout
     net = GPT(gpt_config(residual=residual, hc_kernels='triton', **options))
@@ -167,14 +167,42 @@ def test_under_torch_compile_the_proof_runs_as_the_graph_is_traced_and_its_verdi
     torch._dynamo.reset()
 
 
-def test_a_subclass_runs_its_own_code_under_auto_and_triton_refuses_it(as_on_cuda):
-    class Mine(HyperConnection):
-        pass
-    rule = Mine(D, 4, 0, True, kernels='auto')
-    assert rule.implementation(torch.randn(3, 4, D)) is None and kernels.VERDICTS
-    rule.kernels = 'triton'
-    with pytest.raises(ValueError, match="cannot run a Mine: the kernels implement residual='hc' and 'mhc' exactly"):
-        rule.implementation(torch.randn(3, 4, D))
+class Kept(ManifoldHyperConnection):  # mHC's maths as it is
+    pass
+
+
+class HalfWrite(HyperConnection):  # another write map: the kernels take maps() from the rule
+    def maps(self, z, sinkhorn_knopp=None):
+        read, write, mixing = super().maps(z, sinkhorn_knopp)
+        return read, write / 2, mixing
+
+
+class Doubled(ManifoldHyperConnection):  # other products than the operands it hands the kernels
+    def project(self, H):
+        return 2 * super().project(H)
+
+
+def test_a_subclass_keeps_the_kernels_where_it_keeps_their_contract_and_fails_their_proof_where_not(as_on_cuda,
+                                                                                                 monkeypatch):
+    """The kernels read a rule's operands and maps, nothing else of it, and prove each class on a twin of its own: a
+    subclass with mHC's maths, or HC's with a write map of its own, runs on them; one whose products are not those of
+    its operands fails the proof, with the reason, and runs its own code."""
+    writes = counted(monkeypatch, 'hc_write')
+    H, u = torch.randn(2, 5, 4, D), torch.randn(2, 5, D)
+    for rule in (Kept(D, 4, 0, True, 3), HalfWrite(D, 4, 1, True)):
+        with torch.no_grad():
+            for p in rule.parameters():
+                p.add_(0.3 * torch.randn_like(p))
+        before = len(writes)
+        fused, plain = sublayer(rule, 'auto', H, u), sublayer(rule, 'torch', H, u)
+        assert all(torch.allclose(f, p, rtol=1e-4, atol=1e-5) for f, p in zip(fused, plain))
+        assert len(writes) == before + 2  # the proof's, then the sublayer's
+    rule = Doubled(D, 4, 0, True, 3)
+    with pytest.warns(RuntimeWarning, match=r"runs the rule's PyTorch for a Doubled \(hc_rate=4\) at n_embd=72 on cpu "
+                                            r"in float32 from now on: the kernels failed their proof \(h lies"):
+        fallback = sublayer(rule, 'auto', H, u)
+    assert all(torch.equal(a, b) for a, b in zip(fallback, sublayer(rule, 'torch', H, u)))
+    assert [why is None for why in kernels.VERDICTS.values()] == [True, True, False]
 
 
 def test_the_proof_leaves_the_runs_random_numbers_as_they_were_and_runs_under_inference_mode(as_on_cuda):

@@ -185,7 +185,7 @@ class Halfway(ResidualUpdate):
         super().__init__()
         self.helper = type('Helper', (torch.nn.Identity,), {'__module__': 'elsewhere'})()
 
-    def forward(self, x, u, cache=None):
+    def forward(self, x, u, sub=None):
         return x + self.helper(u) / 2
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import configure
-from model import GPT, HyperConnection, ManifoldHyperConnection, copied, sinkhorn
+from model import GPT, HyperConnection, ManifoldHyperConnection, Sublayer, copied, sinkhorn
 from orthogpt import optim
 
 N, D = 4, 16
@@ -29,8 +29,8 @@ def randomised(rule):
 
 def sublayer(rule, H, u):
     """(the branch's input, the next stream) of one sublayer of rule on the stream H."""
-    h, state = rule.prepare(H)
-    return h, rule(H, u, state)
+    sub = Sublayer()
+    return rule.prepare(H, sub), rule(H, u, sub)
 
 
 def hc_reference(rule, H, u):

@@ -153,7 +153,7 @@ class Mixed(ResidualUpdate):
     def from_config(cls, cfg, layer, causal):
         return cls(cfg.n_embd)
 
-    def forward(self, x, u, cache=None):
+    def forward(self, x, u, sub=None):
         return x + self.scale(self.mix(u)) * self.gate
 
 

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from model import RESIDUALS, GPTConfig, OrthogonalUpdate, RotationUpdate, copied
+from model import RESIDUALS, GPTConfig, OrthogonalUpdate, RotationUpdate, Sublayer, copied
 
 
 def rel_err(a, b):
@@ -62,9 +62,12 @@ def test_every_rule_keeps_shape_and_dtype_and_declares_its_norm(name):
     x, u = torch.randn(2, 5, 16, dtype=torch.float64), torch.randn(2, 5, 16, dtype=torch.float64)
     x = copied(x / x.norm(dim=-1, keepdim=True) * (1 if RESIDUALS[name].normalized else 4), RESIDUALS[name].copies(cfg))
     for dtype in (torch.bfloat16, torch.float32, torch.float64):
-        assert rule(x.to(dtype), u.to(dtype), rule.prepare(x.to(dtype))[1]).dtype == dtype
-    h, state = rule.prepare(x)
-    out = rule(x, u, state)
+        sub = Sublayer()
+        rule.prepare(x.to(dtype), sub)
+        assert rule(x.to(dtype), u.to(dtype), sub).dtype == dtype
+    sub = Sublayer()
+    h = rule.prepare(x, sub)
+    out = rule(x, u, sub)
     assert out.shape == x.shape and h.shape == u.shape
     kept = torch.allclose(out.norm(dim=-1), x.norm(dim=-1), rtol=1e-12, atol=0)
     assert kept == RESIDUALS[name].keeps_norm
