@@ -268,7 +268,7 @@ def stream_gain(model, idx, l, iters):
 def own_pytorch(model):
     """The wide rules' two passes in their own PyTorch, as the model defines them, in place of the fused kernels
     (hc_kernels), whose ops have a backward formula and none for forward-mode AD, and without hc_recompute, whose
-    checkpoint recomputes without the tangents it saw: the same function (tests/unit/test_hc_kernels.py), as fast."""
+    checkpoint recomputes without the tangents it saw: the same function (tests/kernels/test_hc_kernels.py), as fast."""
     kept = {m: (m.kernels, m.recompute) for m in model.modules() if hasattr(m, 'kernels')}
     try:
         for m in kept:

@@ -2,7 +2,7 @@
 
 The rules in model.py (HyperConnection, ManifoldHyperConnection) are the definition; this module is another
 implementation of their prepare and forward, as FlashAttention is of attention's arithmetic, which the tests hold to
-the rules' values and gradients (tests/unit/test_hc_kernels.py, on a CPU under TRITON_INTERPRET=1). A sublayer
+the rules' values and gradients (tests/kernels/test_hc_kernels.py, on a CPU under TRITON_INTERPRET=1). A sublayer
 passes over its stream H (N, n, d) of N tokens twice:
 
   read   (prepare) one read of H: the coefficient products z and the norm's statistics together (mHC: vec(H) phi and

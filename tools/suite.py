@@ -6,7 +6,7 @@
 
 Each stage runs in its own process with a time limit and writes OUT/<stage>.md; OUT/suite.md
 gathers them, each with its command and wall time, in the form the docs' GPU sections copy.
-  kernel_check         the fused kernels' tests (tests/unit/test_hc_kernels.py) compiled on the GPU rather than
+  kernel_check         the fused kernels' tests (tests/kernels/test_hc_kernels.py) compiled on the GPU rather than
                        interpreted on a CPU: their values and gradients against the rules', before any stage times them
   selfcheck            the proof that hc_kernels='auto' makes before it runs the kernels (orthogpt/hc_kernels.py,
                        verdict), for every shape class of the suite's wide rules (HC, mHC with each H_res) at its
@@ -166,7 +166,7 @@ def stages(out, smoke, shakespeare_data, bpe_data='data/fineweb-edu', chosen=())
         ['--max_iters=1000', '--lr_decay_iters=5000', '--eval_interval=250']
     return {
         # the smoke run takes one test (the CPU suite runs them all); on a GPU, 4 processes compile their kernels
-        'kernel_check': [*py, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', 'tests/unit/test_hc_kernels.py',
+        'kernel_check': [*py, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', 'tests/kernels/test_hc_kernels.py',
                          *(['-k', 'sinkhorn_per_token'] if smoke else ['-n', '4'])],
         **{check: [*py, 'tools/suite.py', f'--check={check}', f'--out={out}', *(['--smoke'] if smoke else [])]
            for check in ('selfcheck', 'train_check')},
