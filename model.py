@@ -80,8 +80,8 @@ class Sublayer:
 
 
 class ResidualUpdate(nn.Module):
-    """The rule protocol: every hook that the model, optimizer, export, diagnostics and kernels consult, with its
-    default (docs/rules.md, "Writing a rule"). For each sublayer (attention or MLP) with branch F, and its Sublayer sub:
+    """The rule protocol: every hook that the model, optimizer, export and diagnostics consult, with its default (the
+    fused kernels': HyperConnection's; docs/rules.md, "Writing a rule"). Around each sublayer with branch F:
 
         h = rule.prepare(x, sub)       # the branch's input; what forward needs, prepare leaves in sub.state
         x_next = rule(x, F(norm(h)), sub)
@@ -122,7 +122,7 @@ class ResidualUpdate(nn.Module):
     def exported(cls, options):  # its options in a folder that carries model.py alone (orthogpt/hf.py)
         return options
 
-    def coefficients(self, x):  # a wide rule's (read, write, mixing) on its stream x (..., n, d): the diagnostics'
+    def coefficients(self, x):  # a wide rule's (read, write, mixing) on its stream x (..., n, d), for the diagnostics
         return None
 
     def prepare(self, x, sub):

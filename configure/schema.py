@@ -6,12 +6,21 @@ the run builds; a residual rule's own keys are declared by the rule (its Options
 and gathered in `options`. The keys below drive train.py.
 """
 
+import inspect
 from dataclasses import dataclass, fields
 from typing import Literal
 
 import torch
 
 from model import GPT, RESIDUALS, ViT, GPTConfig, ViTConfig, at_least_one
+
+STALE = {'cache', 'state', 'depth'}  # what prepare and forward took before the Sublayer protocol (docs/rules.md)
+
+
+def stale_protocol(rule):
+    """The arguments of rule's prepare and forward that name the protocol before Sublayer, sorted; none: []."""
+    return sorted(STALE & {p for f in (rule.prepare, rule.forward) for p in inspect.signature(f).parameters})
+
 
 # the image datasets `dataset` may name: their Hugging Face source (and Debian's IDX files), classes
 IMAGE_DATASETS = {
@@ -92,6 +101,12 @@ class Config(GPTConfig, ViTConfig):
         where = RESIDUALS[self.residual].__module__ if self.residual in RESIDUALS else 'model'
         if self.rule_module is None and where != 'model':  # so that every reader of the run imports it
             self.rule_module = where
+        stale = stale_protocol(RESIDUALS[self.residual]) if where != 'model' else []
+        if stale:
+            raise ValueError(f"residual={self.residual!r} (module {where}) takes {', '.join(stale)} in prepare or "
+                             f"forward, the rule protocol before Sublayer; they now take one context: prepare(x, sub) "
+                             f"-> h and forward(x, u, sub), sub.cache, sub.depth, sub.state (docs/rules.md, "
+                             f"'Writing a rule')")
         self.options = model_config(self).options
         at_least_one(self, 'batch_size', 'gradient_accumulation_steps', 'eval_interval', 'eval_iters', 'log_interval',
                      'dynamics_interval', 'aspect')

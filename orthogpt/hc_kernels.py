@@ -647,11 +647,12 @@ def spec(rule, n):
 
 
 def describe(spec, d, device, dtype, stream):
-    """A shape class in the config's words."""
-    cls, _, n, kind, m = spec
+    """A shape class in the config's words, and the constructor's of its class (its twin) for the rest."""
+    cls, twin, n, kind, m = spec
     name = next((f"residual='{k}'" for k, v in model.RESIDUALS.items() if v is cls), f"a {cls.__name__}")
     read, written = (str(t).removeprefix('torch.') for t in (dtype, stream))
-    return (f"{name} (hc_rate={n}{'' if kind else ', hc_dynamic=False'}) at n_embd={d} on {device} in {read}"
+    return (f"{name} (hc_rate={n}, {f'{m} {kind} products' if kind else 'static'}; "
+            f"{cls.__name__}(d, {', '.join(map(repr, twin))})) at n_embd={d} on {device} in {read}"
             f"{f', written in {written}' if written != read else ''}")
 
 
@@ -671,7 +672,7 @@ def unfit(spec, device, dtype):
     if n > COPIES:
         return f"the kernels take {COPIES} copies at most, not hc_rate={n}; {FALLBACK}"
     if m > COLUMNS:
-        return f"the read's kernels hold {COLUMNS} columns of products at most, and hc_rate={n} gives {m}; {FALLBACK}"
+        return f"the read's kernels hold {COLUMNS} columns of products at most, and this rule has {m}; {FALLBACK}"
     return None
 
 
@@ -714,7 +715,10 @@ def proof(spec, d, device, dtype, stream):
     cls, twin, n = spec[:3]
     g = torch.Generator().manual_seed(0)
     with _disable_current_modes(), torch.inference_mode(False), torch.enable_grad():
-        rule = cls(d, *twin)
+        try:
+            rule = cls(d, *twin)
+        except Exception as e:  # a subclass whose constructor takes other arguments than its twin() gives
+            return f"{cls.__name__}(d, *twin()) cannot be built ({type(e).__name__}: {e}): override twin()"
         with torch.no_grad():
             for p in rule.parameters():
                 p.add_(0.3 * torch.randn(p.shape, generator=g))

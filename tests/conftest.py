@@ -1,6 +1,6 @@
 """Fixtures shared by the test modules (which never import each other). tests/unit holds the quick
-tests of the mathematics and of single functions; tests/e2e the ones that run train.py, torchrun,
-the tools or a compiler."""
+tests of the mathematics and of single functions; tests/kernels the Triton kernels' under the
+interpreter (slow on a CPU); tests/e2e the ones that run train.py, torchrun, the tools or a compiler."""
 
 import errno
 import gzip

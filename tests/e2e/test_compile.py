@@ -24,8 +24,8 @@ VARIANTS = [dict(residual='additive'), dict(residual='rotation'), dict(residual=
             dict(residual='denseformer'), dict(residual='additive', x0_mix='identity')]
 MODERN = dict(pos='rope', qk_norm=True, activation='relu2', norm='rmsnorm', norm_gain=False, logit_softcap=15.0,
               value_embeds=True, tie_weights=False)  # config/modern.py's block
-VARIANTS += [dict(residual=rule, **MODERN) for rule in ('additive', 'orthogonal', 'rotation', 'ngpt', 'hc', 'mhc', 'ddl',
-                                                       'attnres', 'denseformer')]  # every rule of model.py
+VARIANTS += [dict(residual=rule, **MODERN) for rule in  # every rule of model.py
+             ('additive', 'orthogonal', 'rotation', 'ngpt', 'hc', 'mhc', 'ddl', 'attnres', 'denseformer')]
 
 
 @pytest.mark.parametrize('variant,qkv', [(v, 'dense') for v in VARIANTS] + [

@@ -135,7 +135,8 @@ def test_where_the_kernels_do_not_run_they_say_why(monkeypatch, gpt_config):
     rule.kernels = 'triton'
     monkeypatch.setattr(kernels, 'VERDICTS', {})
     with pytest.raises(ValueError, match=re.escape(
-            "hc_kernels='triton' cannot run residual='mhc' (hc_rate=4) at n_embd=72 on cpu in "
+            "hc_kernels='triton' cannot run residual='mhc' (hc_rate=4, 24 rms products; ManifoldHyperConnection(d, "
+            "4, 1, True, 3, 'sinkhorn')) at n_embd=72 on cpu in "
             "float64: the kernels compute streams of float32, bfloat16 or float16, not torch.float64; use "
             "hc_kernels='torch'")):
         rule.prepare(torch.randn(2, 4, D, dtype=torch.float64), Sublayer())

@@ -85,7 +85,8 @@ def test_a_failing_kernel_warns_once_and_auto_runs_the_rules_pytorch_while_trito
     monkeypatch.setattr(kernels, name, make(getattr(kernels, name)))
     rule = ManifoldHyperConnection(D, 4, 0, True, 3)
     H, u = torch.randn(2, 5, 4, D), torch.randn(2, 5, D)
-    shape = r"residual='mhc' \(hc_rate=4\) at n_embd=72 on cpu in float32"
+    shape = (r"residual='mhc' \(hc_rate=4, 24 rms products; ManifoldHyperConnection\(d, 4, 1, True, 3, 'sinkhorn'\)\) "
+             r"at n_embd=72 on cpu in float32")
     with pytest.warns(RuntimeWarning, match=rf"^hc_kernels='auto' runs the rule's PyTorch for {shape} from now on: "
                                             rf"the kernels failed their proof \({why}"):
         fallback = sublayer(rule, 'auto', H, u)
@@ -101,11 +102,14 @@ def test_a_failing_kernel_warns_once_and_auto_runs_the_rules_pytorch_while_trito
         sublayer(rule, 'triton', H, u)
 
 
-UNFIT = {'mhc-lite-5': ('mhc', dict(mhc_res='permutation', hc_rate=5),
-                         "the read's kernels hold 64 columns of products at most, and hc_rate=5 gives 130"),
-         'mhc-lite-6': ('mhc', dict(mhc_res='permutation', hc_rate=6),
-                        "the read's kernels hold 64 columns of products at most, and hc_rate=6 gives 732"),
-         'hc-9': ('hc', dict(hc_rate=9), "the kernels take 8 copies at most, not hc_rate=9")}
+UNFIT = {'mhc-lite-5': ('mhc', dict(mhc_res='permutation', hc_rate=5), "hc_rate=5, 130 rms products; "
+                         "ManifoldHyperConnection(d, 5, 1, True, 20, 'permutation')",
+                         "the read's kernels hold 64 columns of products at most, and this rule has 130"),
+         'mhc-lite-6': ('mhc', dict(mhc_res='permutation', hc_rate=6), "hc_rate=6, 732 rms products; "
+                        "ManifoldHyperConnection(d, 6, 1, True, 20, 'permutation')",
+                        "the read's kernels hold 64 columns of products at most, and this rule has 732"),
+         'hc-9': ('hc', dict(hc_rate=9), "hc_rate=9, 11 layernorm products; HyperConnection(d, 9, 1, True)",
+                  "the kernels take 8 copies at most, not hc_rate=9")}
 
 
 @pytest.mark.parametrize('case', UNFIT)
@@ -115,7 +119,7 @@ def test_shapes_the_kernels_do_not_fit_run_on_pytorch_under_auto_and_triton_refu
     """mHC-lite at 5 and 6 copies (n! + 2n columns of products), and HC at 9 copies: no proof, the model trains on
     the rule's PyTorch under 'auto' (forward and backward, its loss and gradients those of 'torch'), with the reason
     in the log at debug level; 'triton' names the shape and the fix."""
-    residual, options, reason = UNFIT[case]
+    residual, options, described, reason = UNFIT[case]
     monkeypatch.setattr(kernels, 'proof', lambda *args: pytest.fail('a shape the kernels do not take was proved'))
     idx = torch.randint(11, (2, 16))
     results = []
@@ -128,7 +132,7 @@ def test_shapes_the_kernels_do_not_fit_run_on_pytorch_under_auto_and_triton_refu
         results.append([loss, *(p.grad for p in net.parameters())])
     assert all(torch.equal(a, b) for a, b in zip(*results))
     fix = "use hc_kernels='auto' (the rule's PyTorch where the kernels do not run) or 'torch'"
-    shape = f"residual='{residual}' (hc_rate={options['hc_rate']}) at n_embd=16 on cpu in float32"
+    shape = f"residual='{residual}' ({described}) at n_embd=16 on cpu in float32"
     assert [r.getMessage() for r in caplog.records if r.name == 'orthogpt.hc_kernels'] == [
         f"hc_kernels='auto' runs the rule's PyTorch for {shape}: {reason}; {fix}"]  # once: x is float32 throughout
     net = GPT(gpt_config(residual=residual, hc_kernels='triton', **options))
@@ -182,11 +186,17 @@ class Doubled(ManifoldHyperConnection):  # other products than the operands it h
         return 2 * super().project(H)
 
 
+class Scaled(HyperConnection):  # a constructor of its own, twin() inherited: no twin can be built
+    def __init__(self, d, n, layer, dynamic, scale):
+        super().__init__(d, n, layer, dynamic)
+        self.scale = scale
+
+
 def test_a_subclass_keeps_the_kernels_where_it_keeps_their_contract_and_fails_their_proof_where_not(as_on_cuda,
                                                                                                  monkeypatch):
     """The kernels read a rule's operands and maps, nothing else of it, and prove each class on a twin of its own: a
     subclass with mHC's maths, or HC's with a write map of its own, runs on them; one whose products are not those of
-    its operands fails the proof, with the reason, and runs its own code."""
+    its operands, or whose twin cannot be built, fails the proof, with the reason, and runs its own code."""
     writes = counted(monkeypatch, 'hc_write')
     H, u = torch.randn(2, 5, 4, D), torch.randn(2, 5, D)
     for rule in (Kept(D, 4, 0, True, 3), HalfWrite(D, 4, 1, True)):
@@ -198,11 +208,15 @@ def test_a_subclass_keeps_the_kernels_where_it_keeps_their_contract_and_fails_th
         assert all(torch.allclose(f, p, rtol=1e-4, atol=1e-5) for f, p in zip(fused, plain))
         assert len(writes) == before + 2  # the proof's, then the sublayer's
     rule = Doubled(D, 4, 0, True, 3)
-    with pytest.warns(RuntimeWarning, match=r"runs the rule's PyTorch for a Doubled \(hc_rate=4\) at n_embd=72 on cpu "
+    with pytest.warns(RuntimeWarning, match=r"runs the rule's PyTorch for a Doubled \(hc_rate=4, 24 rms products; "
+                                            r"Doubled\(d, 4, 1, True, 3, 'sinkhorn'\)\) at n_embd=72 on cpu "
                                             r"in float32 from now on: the kernels failed their proof \(h lies"):
         fallback = sublayer(rule, 'auto', H, u)
     assert all(torch.equal(a, b) for a, b in zip(fallback, sublayer(rule, 'torch', H, u)))
-    assert [why is None for why in kernels.VERDICTS.values()] == [True, True, False]
+    with pytest.warns(RuntimeWarning, match=r"the kernels failed their proof \(Scaled\(d, \*twin\(\)\) cannot be built "
+                                            r"\(TypeError: .*\): override twin\(\)\)"):
+        sublayer(Scaled(D, 4, 0, True, 2.0), 'auto', H, u)
+    assert [why is None for why in kernels.VERDICTS.values()] == [True, True, False, False]
 
 
 def test_the_proof_leaves_the_runs_random_numbers_as_they_were_and_runs_under_inference_mode(as_on_cuda):

@@ -58,7 +58,8 @@ def test_uniform_depth_reads_the_mean_of_the_sources(gpt_config):
     for _, _, m in ablations.rule_modules(model):
         depth = Depth(sources[0])
         depth.outputs += sources[1:]
-        torch.testing.assert_close(m.prepare(sources[0], Sublayer(depth=depth)), sum(sources) / 3, rtol=1e-14, atol=1e-14)
+        read = m.prepare(sources[0], Sublayer(depth=depth))
+        torch.testing.assert_close(read, sum(sources) / 3, rtol=1e-14, atol=1e-14)
     assert len(ablations.rule_modules(model)) == 5  # the read-out too
 
 

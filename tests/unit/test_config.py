@@ -161,6 +161,29 @@ def test_usage_lists_every_key_with_its_default_description_and_type():
     assert 'Alg. 1' in lines['ortho_mode']  # the rule's own comment
 
 
+def test_a_rule_written_for_the_protocol_before_sublayer_is_refused_with_the_fix(registered):
+    """prepare(x, cache) -> (h, state) and forward(x, u, cache | state | depth): one line that names the new form."""
+    import model
+
+    class Old(model.ResidualUpdate):
+        def forward(self, x, u, cache=None):
+            return x + u
+
+    class Wide(model.ResidualUpdate):
+        def prepare(self, x, cache=None, depth=None):
+            return x, None
+
+        def forward(self, x, u, state):
+            return x + u
+    for name, cls, names in (('old', Old, 'cache'), ('old_wide', Wide, 'cache, depth, state')):
+        registered(name, cls)
+        with pytest.raises(UserError, match=rf"^residual='{name}' \(module [\w.]*test_config\) takes {names} in "
+                                            rf"prepare or "
+                                            rf"forward, the rule protocol before Sublayer; they now take one context: "
+                                            rf"prepare\(x, sub\) -> h and forward\(x, u, sub\)"):
+            configure.load([f'--residual={name}'])
+
+
 def test_a_rule_declares_its_options(registered):
     """A rule's Options: the config accepts its keys (typed), --help lists them, the model reads them,
     and they are the chosen rule's alone."""

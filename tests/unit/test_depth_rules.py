@@ -193,7 +193,8 @@ def test_attnres_with_zero_queries_reads_the_uniform_mean_of_its_sources():
     sources = [torch.randn(2, 5, 16, dtype=torch.float64) for _ in range(4)]
     depth = Depth(sources[0])
     depth.outputs += sources[1:]
-    torch.testing.assert_close(rule.prepare(sources[0], Sublayer(depth=depth)), sum(sources) / 4, rtol=1e-14, atol=1e-14)
+    read = rule.prepare(sources[0], Sublayer(depth=depth))
+    torch.testing.assert_close(read, sum(sources) / 4, rtol=1e-14, atol=1e-14)
 
 
 def test_the_anchors_start_where_their_codebases_do(gpt_config):
