@@ -92,7 +92,10 @@ def execute(runs, nproc, watch):
             job.proc.terminate()
         raise KeyboardInterrupt
 
-    before = signal.signal(signal.SIGTERM, terminate)
+    # SIGINT raises here even where it came ignored (a job started with `&` by a script, nohup): the runs take it as
+    # their request to save and stop whatever they inherit (orthogpt/signals.py), and no new run may start after it
+    handlers = {signal.SIGTERM: terminate, signal.SIGINT: signal.default_int_handler}
+    before = {s: signal.signal(s, h) for s, h in handlers.items()}
     try:
         launch(todo, running, nproc, env, torch.cuda.device_count(), watch)
     except KeyboardInterrupt:  # let the runs save their checkpoints
@@ -100,7 +103,8 @@ def execute(runs, nproc, watch):
             job.proc.wait()
         raise Stopped from None
     finally:
-        signal.signal(signal.SIGTERM, before)
+        for s, handler in before.items():
+            signal.signal(s, handler)
 
 
 class Progress:

@@ -241,16 +241,19 @@ def test_an_interrupted_series_finishes_with_the_same_command_keeping_the_finish
     assert (out / 'results.md').exists()  # compare.py's own table, with the paired differences at each depth
 
 
-def test_a_ctrl_c_reaches_each_run_once_and_the_runs_save(tmp_path, char_data):
+@pytest.mark.parametrize('inherited', [signal.SIG_DFL, signal.SIG_IGN], ids=['terminal', 'ignored'])
+def test_a_ctrl_c_reaches_each_run_once_and_the_runs_save(inherited, tmp_path, char_data):
     """A terminal's Ctrl-C goes to its foreground process group: the miniseries and the runs the engine started in
     its process. Each run takes it as its request to save and stop (a SIGTERM passed on after it would kill it
-    first); the miniseries waits for them and says how far the series got."""
+    first); the miniseries waits for them and says how far the series got. So too where the miniseries was started
+    with SIGINT ignored, as a script's `&` starts a job: its runs still save and stop on it, and no run starts after
+    them (found so: the runs stopped, and the series went on to the next)."""
     out = tmp_path / 'series'
     cmd = [sys.executable, 'tools/miniseries.py', *CONFIGS[:2], '--depths=1,2,3', '--seeds=1', '--nproc=2',
            f'--out={out}', f'--data_dir={char_data}', *TINY, '--max_iters=100000']
     # a process group of its own, as a terminal's foreground job
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, inherited))
     runs = [out / f'shakespeare_add-depth{d}-s1' for d in (1, 2)]  # the first two of the plan
     deadline = time.monotonic() + 300
     while (not all(any('loss' in r for r in logs.read(str(run))) for run in runs) and proc.poll() is None
