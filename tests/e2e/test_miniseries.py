@@ -207,9 +207,10 @@ def finished_logs(out):
 
 
 def test_an_interrupted_series_finishes_with_the_same_command_keeping_the_finished_runs(tmp_path, char_data):
+    """In the modern block (config/modern.py stacked on each rule; the Ctrl-C test below runs GPT-2's)."""
     out = tmp_path / 'series'
-    cmd = [sys.executable, 'tools/miniseries.py', *CONFIGS[:2], '--depths=1,2,3', '--seeds=1', '--nproc=2',
-           f'--out={out}', f'--data_dir={char_data}', *TINY]
+    cmd = [sys.executable, 'tools/miniseries.py', *CONFIGS[:2], '--stack=config/modern.py', '--depths=1,2,3',
+           '--seeds=1', '--nproc=2', f'--out={out}', f'--data_dir={char_data}', *TINY]
     first = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 300
     while not (os.path.isdir(out) and finished_logs(out)) and first.poll() is None and time.monotonic() < deadline:
@@ -236,6 +237,9 @@ def test_an_interrupted_series_finishes_with_the_same_command_keeping_the_finish
             assert final['iter'] == 4 and s['loss']['mean'] == final['val_loss'] and s['bpb']['mean'] == final['val_bpb']
             assert s['compute'] == start['flops_per_token'] * start['tokens_per_iter'] * 4
             assert s['parameters'] == start['parameters']
+            cfg = json.load(open(s['runs'][0]['folder'] + '/config.json'))
+            block = [cfg[k] for k in ('pos', 'activation', 'logit_softcap', 'value_embeds')]
+            assert block == ['rope', 'relu2', 15, True]
     text = (out / 'miniseries.md').read_text()
     assert text.count('| `shakespeare_') == 6 + 2 and (out / 'miniseries.png').stat().st_size > 10_000
     assert (out / 'results.md').exists()  # compare.py's own table, with the paired differences at each depth
