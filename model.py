@@ -355,21 +355,21 @@ class HyperConnection(ResidualUpdate):
     def prepare(self, x, sub):
         fused = self.implementation(x)
         if fused is not None:
-            h, sub.state = fused.prepare(self, x)
+            h, state = fused.prepare(self, x)
+            sub.state = fused, state  # forward runs what prepare chose, deciding nothing again
             return h
         H = wide(x)
         with torch.autocast(H.device.type, enabled=False):  # products in float32, not rounded by mixed precision
             recompute = self.recompute and torch.is_grad_enabled()
             read, write, mixing = (checkpoint(self.coefficients, H, use_reentrant=False) if recompute else
                                    self.coefficients(H))
-            sub.state = write, mixing
+            sub.state = None, (write, mixing)
             return combine(read.unsqueeze(-1), H)[..., 0, :].to(x.dtype)
 
     def forward(self, x, u, sub):
-        fused = self.implementation(x)
+        fused, (write, mixing) = sub.state
         if fused is not None:
-            return fused.forward(self, x, u, sub.state)
-        write, mixing = sub.state
+            return fused.forward(self, x, u, (write, mixing))
         H, u = wide(x), wide(u)
         mixed = H if mixing is None else combine(mixing.mT, H)  # sum_i mixing[j, i] H_i
         return (mixed + write.unsqueeze(-1) * u.unsqueeze(-2)).to(stream_dtype(x))  # (..., n, d)
