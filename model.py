@@ -61,8 +61,7 @@ def wide(t):  # t in the rules' working precision: float32, or float64 for float
 
 
 def stream_dtype(x):
-    """What a wide stream is stored in: the autocast dtype under autocast ([mHC] Sec. 4.3.1's bfloat16 copies, whose
-    coefficients and sums stay in float32), else x's."""
+    """A wide stream's dtype: autocast's under autocast ([mHC] Sec. 4.3.1: bfloat16 copies, float32 sums), else x's."""
     return torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
 
 
@@ -522,8 +521,7 @@ class AttentionResidual(ResidualUpdate):
     w_l a query per sublayer, 0 at init: the uniform mean of n sources, x / n for the additive stream x, which a
     pre-norm reads as x with n^2 times its eps (docs/rules.md: what that does to GPT-2's block). attnres_block = S > 1
     is Block AttnRes (Sec. 3.2, Eq. 5-6): the sources are the embeddings, each completed block of S sublayers' sum,
-    and the current block's sum so far. The output is read the same way by one more query. What forward passes on is
-    the sources' sum, the additive stream."""
+    and the current block's sum so far. One more query reads the output; forward passes on the sources' sum."""
     depth = True
 
     @dataclass
@@ -542,13 +540,16 @@ class AttentionResidual(ResidualUpdate):
     def from_config(cls, cfg, layer, causal):
         return cls(cfg.n_embd, layer, cfg.options.attnres_block)
 
-    def prepare(self, x, sub):
-        depth = sub.depth = sub.depth or Depth(x)  # alone, outside a trunk: x is the only source
-        sources = depth.outputs + ([] if depth.partial is None else [depth.partial])  # each (..., d)
+    def weights(self, depth):  # Eq. 2-4: (a_{i,l} (sources, ...), the sources v_i (..., d)), prepare's and diagnostics'
+        sources = depth.outputs + ([] if depth.partial is None else [depth.partial])
         # w . RMSNorm(v) = <v, g w> / rms(v), the sources never stacked: backward keeps each once, not once a sublayer
         key, eps = self.norm.weight * self.query, self.norm.eps or torch.finfo(sources[0].dtype).eps
-        a = torch.softmax(torch.stack([dot(v, key) * torch.rsqrt(dot(v, v) / v.shape[-1] + eps) for v in sources]), 0)
-        return sum(w * v for w, v in zip(a, sources)).to(x.dtype)
+        return torch.softmax(torch.stack([dot(v, key) * torch.rsqrt(dot(v, v) / v.shape[-1] + eps) for v in sources]),
+                             0), sources
+
+    def prepare(self, x, sub):
+        sub.depth = sub.depth or Depth(x)  # alone, outside a trunk: x is the only source
+        return sum(w * v for w, v in zip(*self.weights(sub.depth))).to(x.dtype)
 
     def forward(self, x, u, sub):
         u, depth = wide(u), sub.depth
@@ -566,8 +567,7 @@ class DenseFormerUpdate(ResidualUpdate):
 
         Y_i = sum_{j<=i} alpha_{i,j} X_j,
 
-    free scalars, alpha_{i,i} = 1 and the rest 0 at init: the plain transformer exactly. Dilation and period 1, the
-    defaults of their package."""
+    free scalars, alpha_{i,i} = 1, the rest 0 at init: the plain transformer exactly. Dilation, period 1 (defaults)."""
     depth = True
 
     def __init__(self, layer):

@@ -320,9 +320,7 @@ def ddl_beta(module, x):
 def read_weights(module, depth):
     """Attention Residuals' weights over the sources of `depth` as module reads them, softmax_i(w . RMSNorm(v_i))
     ([AttnRes] Eq. 2-4), means over the tokens: (sources,), the embeddings first."""
-    sources = depth.outputs + ([] if depth.partial is None else [depth.partial])
-    logits = torch.stack([(module.norm(wide(v)) * module.query).sum(-1) for v in sources])
-    return torch.softmax(logits, 0).flatten(1).mean(1)
+    return module.weights(depth)[0].flatten(1).mean(1)
 
 
 @contextmanager

@@ -4,9 +4,12 @@ runs' logs kept beside this file (gpt2/, modern/: a folder per run, as compare.p
     python docs/logs/two_blocks/table.py                          # the tables, from the logs here
     python docs/logs/two_blocks/table.py --collect out-compare    # first copy in the finished runs of out-compare/
 
-For each block and rule: the rate whose seed-1337 run ended lowest; the final val loss of seeds 1-3 at it (mean ± sample
-std); its difference from additive in the same block, paired by seed (mean ± standard error); then the rank
-correlation (Spearman's) of the two blocks' orderings of the rules, and modern additive against GPT-2-block additive.
+First the tuning runs: each rule's final val loss on seed 1337 at every rate run, the grid's extensions included. Then
+for each block and rule: the chosen rate (compare.py's: the lowest seed-1337 loss, once no extension is pending); the
+final val loss of seeds 1-3 at it (mean ± sample std); its difference from additive in the same block, paired by seed
+(mean ± standard error) and what that says at 95% (a t interval on n-1 degrees of freedom: 'better' or 'worse' where
+the interval excludes 0, 'unresolved' where it does not); then the rank correlation (Spearman's) of the two blocks'
+orderings of the rules, and modern additive against GPT-2-block additive.
 """
 
 import argparse
@@ -16,11 +19,16 @@ import os
 import re
 import shutil
 import statistics
+import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, '..', '..', '..'))
+from orthogpt.sweep import extend  # noqa: E402
+
 BLOCKS = {'gpt2': "GPT-2's block", 'modern': 'modern block'}
 NAME = re.compile(r'(?P<config>.+)-learning_rate(?P<lr>[0-9.e+-]+?)-s(?P<seed>\d+)$')
-TUNING_SEED = 1337
+TUNING_SEED, GRID = 1337, ['1e-3', '2e-3', '4e-3']
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571}  # two-sided 95% quantiles of Student's t, by d.o.f.
 
 
 def final(folder):
@@ -44,23 +52,43 @@ def runs(block):
     return found
 
 
+def chosen(tuning):
+    """compare.py's choice from {lr: seed-1337 loss}: the grid is widened at its edge as sweep.tune widens it, and the
+    best rate of the widened grid is the choice once every rate of it has run; None while one has not."""
+    grid, added = list(GRID), {}
+    while True:
+        if any(float(v) not in tuning for v in grid):
+            return None
+        best = min(grid, key=lambda v: tuning[float(v)])
+        wider = extend(grid, best, added, 'lr')
+        if wider == grid:
+            return float(best)
+        grid = wider
+
+
 def summary(cells):
     """(chosen lr, {seed: loss}, params, ve params) of one rule in one block, or None before its tuning is done."""
-    tuning = {lr: v[0] for (lr, seed), v in cells.items() if seed == TUNING_SEED}
-    if len(tuning) < 3:  # the grid's three rates at least (compare.py may extend it)
+    lr = chosen({lr: v[0] for (lr, seed), v in cells.items() if seed == TUNING_SEED})
+    if lr is None:
         return None
-    lr = min(tuning, key=tuning.get)
     seeds = {seed: v[0] for (r, seed), v in cells.items() if r == lr and seed != TUNING_SEED}
     _, params, ve = cells[(lr, TUNING_SEED)]
     return lr, seeds, params, ve
 
 
 def paired(a, b):
-    """(mean, standard error, n) of a[s] - b[s] over the seeds both hold."""
+    """(mean, standard error, n) of a[s] - b[s] over the seeds both hold; None under two."""
     d = [a[s] - b[s] for s in sorted(a.keys() & b.keys())]
     if len(d) < 2:
         return None
     return statistics.mean(d), statistics.stdev(d) / math.sqrt(len(d)), len(d)
+
+
+def verdict(p):
+    """'better', 'worse' or 'unresolved': whether the 95% t interval of a paired difference excludes 0."""
+    mean, se, n = p
+    half = T95[n - 1] * se
+    return 'better' if mean + half < 0 else 'worse' if mean - half > 0 else 'unresolved'
 
 
 def ranks(values):
@@ -76,11 +104,23 @@ def spearman(x, y):
 
 
 def fmt(p):
-    return '' if p is None else f"{p[0]:+.4f} ± {p[1]:.4f} (n={p[2]})"
+    return '' if p is None else f"{p[0]:+.4f} ± {p[1]:.4f} (n={p[2]}, {verdict(p)})"
 
 
-def table():
-    data = {b: {c: summary(cells) for c, cells in runs(b).items()} for b in BLOCKS}
+def tuning_table(found):
+    """The seed-1337 losses at every rate run, a row per rule, the rates of both blocks as columns."""
+    rates = sorted({lr for b in BLOCKS for cells in found[b].values() for lr, s in cells if s == TUNING_SEED})
+    lines = ['| rule | ' + ' | '.join(f"{BLOCKS[b]}: " + ', '.join(f"{lr:g}" for lr in rates) for b in BLOCKS) + ' |',
+             '|---|' + '---|' * len(BLOCKS)]
+    for c in dict.fromkeys(c for b in BLOCKS for c in found[b]):
+        cells = [', '.join(f"{found[b][c][(lr, TUNING_SEED)][0]:.4f}" if (lr, TUNING_SEED) in found[b].get(c, {})
+                           else '-' for lr in rates) for b in BLOCKS]
+        lines.append(f"| `{c}` | " + ' | '.join(cells) + ' |')
+    return '\n'.join(lines)
+
+
+def table(found):
+    data = {b: {c: summary(cells) for c, cells in found[b].items()} for b in BLOCKS}
     configs = list(dict.fromkeys(c for b in BLOCKS for c in data[b]))
     base = {b: data[b].get('shakespeare_add') for b in BLOCKS}
     lines = ['| rule | ' + ' | '.join(f"{BLOCKS[b]}: rate, parameters, final val loss (seeds), Δ vs its additive"
@@ -130,4 +170,8 @@ if __name__ == '__main__':
     args = p.parse_args()
     if args.collect:
         collect(args.collect)
-    print(table())
+    found = {b: runs(b) for b in BLOCKS}
+    print('Tuning, seed 1337 (final val loss at each rate; -: not run):\n')
+    print(tuning_table(found))
+    print('\nSeeds 1-3 at the chosen rate:\n')
+    print(table(found))
