@@ -10,8 +10,8 @@ The papers, cited in docstrings by their short names (docs/rules.md: where each 
   [HC]    D. Zhu et al. (ByteDance Seed). "Hyper-Connections". ICLR 2025. arXiv:2409.19606
   [mHC]   Z. Xie, Y. Wei, H. Cao, et al. "mHC: Manifold-Constrained Hyper-Connections". arXiv:2512.24880
   [mHC-lite] Y. Yang, J. Gao. "mHC-lite: You Don't Need 20 Sinkhorn-Knopp Iterations". arXiv:2601.05732
-  [JPmHC] B. Sengupta, J. Wang, L. Brunswic. "JPmHC: Dynamical Isometry via
-          Orthogonal Hyper-Connections". arXiv:2602.18308
+  [JPmHC] B. Sengupta, J. Wang, L. Brunswic. "JPmHC: Dynamical Isometry via Orthogonal Hyper-Connections".
+          arXiv:2602.18308
   [DDL]   Y. Zhang, Y. Liu, M. Wang, Q. Gu. "Deep Delta Learning". arXiv:2601.00417
   [AttnRes] Kimi Team. "Attention Residuals". arXiv:2603.15031
   [DenseFormer] M. Pagliardini, A. Mohtashami, F. Fleuret, M. Jaggi. "DenseFormer: Enhancing Information Flow in
@@ -428,8 +428,7 @@ class ManifoldHyperConnection(HyperConnection):
         initial = {'sinkhorn': (torch.eye(n) - 1) * res_init, 'cayley': torch.zeros(n, n), 'identity': None,
                    'permutation': -float(res_init) * (torch.arange(math.factorial(n)) > 0)}[res]
         self.b_pre = nn.Parameter(torch.logit(torch.softmax(F.one_hot(torch.tensor(layer % n), n).double(), 0)).float())
-        self.b_post = nn.Parameter(torch.zeros(n))
-        self.b_res = None if initial is None else nn.Parameter(initial)
+        self.b_post, self.b_res = nn.Parameter(torch.zeros(n)), None if initial is None else nn.Parameter(initial)
         if dynamic:
             self.phi = nn.Parameter(torch.zeros(n * d, 2 * n + (0 if initial is None else initial.numel())))
             self.a_pre, self.a_post = nn.Parameter(torch.full((1,), 0.01)), nn.Parameter(torch.full((1,), 0.01))
@@ -786,9 +785,9 @@ class SelfAttention(nn.Module):
         B, T, C = x.shape
         qkv = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head)
         q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))  # (B, nh, T, hs); a permute's backward copies more
-        if self.ve_gate is not None:
+        if self.ve_gate is not None:  # ve in v's dtype (nanochat's cast): under autocast, the table is float32
             gate = 3 * torch.sigmoid(self.ve_gate(x[..., :self.ve_gate.in_features]))  # (B, T, nh)
-            v = v + (gate.unsqueeze(-1) * ve.view(B, T, self.n_head, -1)).transpose(1, 2)
+            v = v + (gate.unsqueeze(-1) * ve.view(B, T, self.n_head, -1)).transpose(1, 2).to(v.dtype)
         if self.rope_base is not None:
             positions = cache.positions if cache is not None else torch.arange(T, device=x.device)
             q, k = rotary(q, positions, self.rope_base), rotary(k, positions, self.rope_base)
@@ -1034,8 +1033,9 @@ class GPT(Trunk, nn.Module):
     def own_stream_matrices(self):
         return [(m.weight, -1) for m in (self.wte, self.wpe, self.lm_head) if m is not None]
 
-    def lookups(self):  # the parameters that are looked up, not multiplied: positions and value embeddings
-        return sum(p.numel() for m in (self.wpe, self.value_embeds) if m is not None for p in m.parameters())
+    def lookups(self):  # the parameters looked up, not multiplied: positions, value embeddings, an untied wte's
+        tables = (self.wpe, self.value_embeds, None if self.config.tie_weights else self.wte)
+        return sum(p.numel() for m in tables if m is not None for p in m.parameters())
 
     def forward(self, idx, targets=None, cache=None, last=False):
         """idx (B, T) token ids -> logits (B, T, vocab), and the mean cross-entropy of targets (B, T) if given (-1:

@@ -197,6 +197,24 @@ def test_the_preset_stacks_on_every_rule_config_and_keeps_the_rule(rule, root):
     assert cfg.learning_rate == 1e-3  # rates tuned in GPT-2's block are not taken for this one
 
 
+@pytest.mark.parametrize('tied', [True, False])
+def test_an_untied_token_embedding_is_looked_up_and_a_tied_one_is_the_heads_matrix(tied, gpt_config):
+    """What the MFU's 6N leaves out (tasks.flops_per_item): the tables read by index, not the head that multiplies."""
+    model = GPT(gpt_config(tie_weights=tied, init='gpt2'))
+    assert model.lookups() == 16 * 16 + (0 if tied else 11 * 16)  # wpe, and an untied wte (vocab x n_embd)
+
+
+def test_value_embeddings_leave_v_in_autocasts_dtype(gpt_config, monkeypatch):
+    """The table is float32; cast as nanochat casts it, attention's values (and a decode state's buffers) stay in
+    the dtype autocast gives q and k, in the layers with embeddings as in those without."""
+    model, seen, attend = GPT(gpt_config(value_embeds=True, n_layer=2)), [], F.scaled_dot_product_attention
+    monkeypatch.setattr(F, 'scaled_dot_product_attention', lambda q, k, v, **kw: seen.append(v.dtype) or attend(
+        q, k, v, **kw))
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        model(torch.randint(11, (2, 5)))
+    assert seen == [torch.bfloat16] * 2
+
+
 def test_the_preset_on_a_vit_config_says_why_not(root):
     with pytest.raises(UserError, match="pos='rope' numbers a sequence"):
         configure.load([f'{root}/config/vit_fashion_add.py', f'{root}/config/modern.py'])
@@ -212,4 +230,4 @@ def test_the_preset_sizes_with_depth_as_nanochat(root):
     with torch.device('meta'):
         model = build_model(cfg)
     assert list(model.value_embeds) == ['0', '2']
-    assert block_parameters(cfg) == sum(p.numel() for p in model.parameters()) - model.lookups() - 2 * 192 * cfg.vocab_size
+    assert block_parameters(cfg) == sum(p.numel() for p in model.parameters()) - model.lookups() - 192 * cfg.vocab_size
