@@ -155,7 +155,7 @@ def stats_record(iter_num, model, rows, names):
 # ----------------------------------------------------------------------------- gains across depth
 
 MIXING_GAINS = tuple(f'{of}_{way}_{size}' for of in ('mix', 'comp') for way in ('fwd', 'bwd')
-                     for size in ('max', 'min', 'log'))
+                     for size in ('max', 'min', 'log', 'norm'))
 
 
 @contextmanager
@@ -173,17 +173,19 @@ def sum_gains(m):
     """The gains of per-token matrices m (tokens, n, n) applied as x <- m x, as [mHC] Sec. 3.1's Amax Gain Magnitude
     reads them: forward from the row sums s_i = sum_j m[i, j] (the factor by which copy i carries a signal common to
     all copies), backward from the column sums (the same for a gradient). For each: the largest and the smallest
-    |s_i|, means over the tokens, and the largest |log |s_i|| over the rows and the tokens, which a maximum alone
-    would not show for an attenuation: (6,) float64."""
+    |s_i|, means over the tokens, the largest |log |s_i|| over the rows and the tokens, which a maximum alone would
+    not show for an attenuation, and the other reading of "absolute row sum", max_i sum_j |m[i, j]| (the induced
+    infinity-norm; the 1-norm backward), the same for a nonnegative m, larger where a row's signs cancel: (8,)
+    float64."""
     gains = []
-    for sums in (m.sum(-1), m.sum(-2)):
-        size = sums.abs()
-        gains += [size.amax(-1).mean(), size.amin(-1).mean(), size.log().abs().max()]
+    for way in (-1, -2):
+        size = m.sum(way).abs()
+        gains += [size.amax(-1).mean(), size.amin(-1).mean(), size.log().abs().max(), m.abs().sum(way).amax(-1).mean()]
     return torch.stack(gains)
 
 
 def mixing_gains(found):
-    """(2L, 12) float64 CPU, MIXING_GAINS: sum_gains of each sublayer's H_res ('mix') and of the composite
+    """(2L, 16) float64 CPU, MIXING_GAINS: sum_gains of each sublayer's H_res ('mix') and of the composite
     H_res(last) ... H_res(l + 1) H_res(l) ('comp'), which carries the copies entering sublayer l to those after the
     last, per token ([mHC] Fig. 3 (a) and (b)); NaN for a rule of one stream."""
     if found[0] is None:
@@ -242,15 +244,17 @@ def jtj(model, idx, l, v=None):
     return seen['v'], jv, torch.autograd.grad(y, seen['x'], jv)[0]  # past the dual level: no tangents in backward
 
 
-def stream_gain(model, idx, l, iters):
-    """(sigma, rms) of J = d x_end / d x_l, float64. sigma: the square root of the largest Ritz value of J^T J on
-    the Krylov space of `iters` steps from start (Lanczos, each new direction orthogonalised against the earlier
-    ones: as many passes as the power iteration, closer to the answer), a lower bound of J's largest singular
-    value (J^T's alike). rms = ||J v_0|| / ||v_0|| at the Gaussian start: the root mean square of J's singular
-    values to a relative error of about 1 / sqrt(x_l.numel()), a typical direction's gain, attenuation included,
-    where sigma is the worst."""
+def stream_gain(model, idx, l, iters, tol):
+    """(sigma, rms) of J = d x_end / d x_l, float64. sigma: the square root of the largest Ritz value of J^T J on a
+    Krylov space from start (Lanczos, each new direction orthogonalised against the earlier ones: as many passes as
+    the power iteration, closer to the answer), a lower bound of J's largest singular value (J^T's alike), grown
+    until a step raises it by at most tol of itself, or for `iters` steps. rms = ||J v_0|| / ||v_0|| at the Gaussian
+    start: the root mean square of J's singular values s, a typical direction's gain, attenuation included, where
+    sigma is the worst; its relative error is about sqrt(sum s^4 / 2) / sum s^2, 1 / sqrt(2 x_l.numel()) for equal
+    s, more where a few directions dominate."""
     v, jv, w = jtj(model, idx, l)
     rms, basis, images = jv.norm() / v.norm(), [v.flatten() / v.norm()], [w.flatten() / v.norm()]
+    top = [basis[0] @ images[0]]
     for _ in range(iters - 1):
         r = images[-1]
         for _ in range(2):  # Gram-Schmidt twice: orthogonal to rounding
@@ -260,8 +264,10 @@ def stream_gain(model, idx, l, iters):
             break
         basis.append(r / r.norm())
         images.append(jtj(model, idx, l, basis[-1].view_as(v))[2].flatten())
-    ritz = torch.linalg.eigvalsh(torch.stack(basis).double() @ torch.stack(images).double().T)
-    return torch.stack([ritz[-1].sqrt(), rms.double()])
+        top.append(torch.linalg.eigvalsh(torch.stack(basis).double() @ torch.stack(images).double().T)[-1])
+        if top[-1] - top[-2] <= tol * top[-1]:
+            break
+    return torch.stack([top[-1].double().sqrt(), rms.double()])
 
 
 @contextmanager
@@ -279,14 +285,14 @@ def own_pytorch(model):
             m.kernels, m.recompute = kernels, recompute
 
 
-LANCZOS_STEPS = 5  # passes per sublayer: within 1% of the largest singular value in the float64 tests
+LANCZOS_STEPS, LANCZOS_TOL = 30, 1e-4  # at most, and the rise at which a step stops it: docs/rules.md's measurements
 
 
-def stream_gains(model, idx, iters=LANCZOS_STEPS):
+def stream_gains(model, idx, iters=LANCZOS_STEPS, tol=LANCZOS_TOL):
     """(2L, 2) float64 CPU: stream_gain of every sublayer on idx, in the rules' own PyTorch and SDPA's math kernel,
-    which forward-mode AD differentiates. Costs 2L x iters forwards with a tangent, and as many backwards."""
+    which forward-mode AD differentiates. Costs 2L x (at most) iters forwards with a tangent, and as many backwards."""
     with sdpa_kernel(SDPBackend.MATH), own_pytorch(model):
-        return torch.stack([stream_gain(model, idx, l, iters) for l in range(2 * len(model.blocks))]).cpu()
+        return torch.stack([stream_gain(model, idx, l, iters, tol) for l in range(2 * len(model.blocks))]).cpu()
 
 
 @torch.enable_grad()

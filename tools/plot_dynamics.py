@@ -48,7 +48,9 @@ BY_DEPTH = [
                                                             ('map_rms', '--', 'root mean square')])]),
     ('mixing_gain', [(f'{of}: |row sum| forward, |column sum| backward',
                       [(f'{key}_fwd_max', '-', 'forward, max'), (f'{key}_bwd_max', '--', 'backward, max'),
-                       (f'{key}_fwd_min', ':', 'forward, min'), (f'{key}_bwd_min', '-.', 'backward, min')])
+                       (f'{key}_fwd_min', ':', 'forward, min'), (f'{key}_bwd_min', '-.', 'backward, min'),
+                       (f'{key}_fwd_norm', (0, (6, 2)), 'forward, max Σ|row|'),
+                       (f'{key}_bwd_norm', (0, (1, 3)), 'backward, max Σ|column|')])
                      for of, key in (("each sublayer's H_res", 'mix'), ('composite, sublayer l to the last', 'comp'))]),
 ]
 

@@ -4,14 +4,15 @@ out-compare/ladder; folders CONFIG-n_layerL-sS as compare.py names them):
   1. final val loss by rule and depth (seed 1), and at 16 layers mean ± std over seeds 1-3;
   2. the stream map's gain from the first sublayer to the output (map_max: the largest singular value of dx_end/dx_0)
      and its typical gain (map_rms), at the last dynamics record, by rule and depth;
-  3. HC's and mHC's composite mixing gain against sublayer at 32 layers (forward: max row sum; backward: max column
-     sum), the analogue of mHC's Fig. 3 (b);
+  3. HC's and mHC's composite mixing gain against sublayer at 32 layers (forward: max |row sum| and max sum of a
+     row's |entries|; backward: the same of the columns), the analogue of mHC's Fig. 3 (b);
   4. with --ablate, each ablation's change in validation loss at 16 layers (tools/ablate.py on seeds 1-3, mean ± s.e.).
 
     python docs/logs/depth_ladder/table.py [--out=out-compare/ladder] [--ablate]
 """
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -23,6 +24,7 @@ import sys
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', '..'))
 NAME = re.compile(r'(?P<config>.+)-n_layer(?P<depth>\d+)-s(?P<seed>\d+)$')
 DEPTHS = (4, 8, 16, 32)
+WAYS = {'max': 'max |sum|', 'norm': 'max sum of |entries|'}  # diagnostics.sum_gains' two readings
 
 
 def read(folder):
@@ -75,10 +77,10 @@ def tables(found, ablate):
     for c in configs:
         record = found.get((c, 32, 1), (None, None))[1]
         if record and record['attn'].get('comp_fwd_max', [None])[0] is not None:
-            for way in ('fwd', 'bwd'):
-                gains = [v for pair in zip(record['attn'][f'comp_{way}_max'], record['mlp'][f'comp_{way}_max'])
+            for way, size in itertools.product(('fwd', 'bwd'), ('max', 'norm')):
+                gains = [v for pair in zip(record['attn'][f'comp_{way}_{size}'], record['mlp'][f'comp_{way}_{size}'])
                          for v in pair]
-                out.append(f"\n`{c}` at 32 layers, composite {way} gain by sublayer 1-64: "
+                out.append(f"\n`{c}` at 32 layers, composite {way} gain ({WAYS[size]}) by sublayer 1-64: "
                            + ', '.join(f"{g:.3g}" for g in gains))
     if ablate:
         out += ['', '| rule at 16 layers | ablation | change in val loss, seeds 1-3 (mean ± s.e.) |', '|---|---|---|']
