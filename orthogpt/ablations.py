@@ -40,8 +40,10 @@ COLUMN = lambda j: (slice(None), j)  # noqa: E731  (columns j of a matrix)
 def mixing_identity(model, fresh):
     """H_res := I ([HC]'s A_r, [mHC]'s H_res): the copies are still read and written, never mixed."""
     for m, f in twins(model, fresh, HyperConnection):
-        if isinstance(m, ManifoldHyperConnection):
-            m.b_res = m.a_res = None  # maps() then gives no mixing, which forward reads as the identity
+        if isinstance(m, ManifoldHyperConnection):  # made an mhc_res='identity' rule, which its twin() builds (the
+            m.res, m.b_res, m.a_res = 'identity', None, None  # kernels' proof), H_pre's and H_post's products kept
+            if m.dynamic:
+                m.phi = torch.nn.Parameter(m.phi[:, :2 * m.n].clone())
         else:  # A_r^T = static_alpha[:, 1:] + s_alpha tanh(H_bar W_alpha[:, 1:]), at init I and 0
             put_back(m, f, 'static_alpha', COLUMN(slice(1, None)))
             put_back(m, f, 'W_alpha', COLUMN(slice(1, None)))
