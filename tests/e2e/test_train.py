@@ -37,19 +37,38 @@ def test_mixed_precision_steps(run, logs, dtype):
     assert scale == 1.0 if dtype == 'bfloat16' else scale >= 2.0 ** 10  # dynamic loss scaling for float16 only
 
 
-@pytest.mark.parametrize('block', [[], ['--pos=rope', '--qk_norm=True', '--activation=relu2', '--norm_gain=False',
-                                          '--logit_softcap=15', '--value_embeds=True']], ids=['gpt2', 'modern'])
-def test_resume_continues_exactly(run, logs, block):
+@pytest.mark.parametrize('modern', [False, True], ids=['gpt2', 'modern'])
+def test_resume_continues_exactly(run, logs, root, modern):
     # the schedule must not depend on where we stop; dropout and stochastic connections draw random numbers
-    args = ['--eval_interval=10', '--lr_decay_iters=40', '--dropout=0.1', '--ortho_prob=0.5', *block]
-    full = run('--max_iters=40', *args, config='shakespeare_ortho.py', out='full')
-    part = run('--max_iters=20', *args, config='shakespeare_ortho.py', out='part')
+    args = ['--eval_interval=10', '--lr_decay_iters=40', '--dropout=0.1', '--ortho_prob=0.5',
+            *([f'{root}/config/modern.py'] if modern else [])]
+    full, part = (run(f'--max_iters={n}', *args, config='shakespeare_ortho.py', out=out)
+                  for n, out in ((40, 'full'), (20, 'part')))
     run('--max_iters=40', '--init_from=resume', *args, config='shakespeare_ortho.py', out='part')
+    full, part = (out.with_name(out.name + '-modern') if modern else out for out in (full, part))  # the preset's
     resumed = logs.evals(part)
     assert [i for i, _ in resumed] == [0, 10, 20, 30, 40]  # iteration 20 is not evaluated twice
     assert resumed == logs.evals(full)  # same data, RNG and optimizer state: the same losses
-    train_losses = lambda d: [(r['iter'], r['loss']) for r in logs.records(d) if 'loss' in r]  # noqa: E731
-    assert train_losses(part) == train_losses(full)
+    assert train_losses(logs, part) == train_losses(logs, full)
+
+
+def train_losses(logs, out):
+    return [(r['iter'], r['loss']) for r in logs.records(out) if 'loss' in r]
+
+
+@pytest.mark.parametrize('config', ['shakespeare_add.py', 'shakespeare_rot.py', 'shakespeare_ngpt.py',
+                                    'shakespeare_hc.py', 'shakespeare_mhc.py', 'shakespeare_ddl.py',
+                                    'shakespeare_attnres.py', 'shakespeare_denseformer.py', 'shakespeare_add_x0.py'])
+def test_every_rule_resumes_exactly_under_the_modern_preset(run, logs, root, config):
+    """What each rule keeps (its parameters and buffers, nGPT's weights normalised after every step, the anchors'
+    scalars), beside the preset's value embeddings and untied head: stopped at 10 and resumed, the same losses as
+    one run to 20 (orthogonal's in the test above)."""
+    args = [f'{root}/config/modern.py', '--eval_interval=5', '--lr_decay_iters=20']
+    full, part = (run(f'--max_iters={n}', *args, config=config, out=out) for n, out in ((20, 'full'), (10, 'part')))
+    run('--max_iters=20', '--init_from=resume', *args, config=config, out='part')
+    full, part = (out.with_name(out.name + '-modern') for out in (full, part))
+    assert [i for i, _ in logs.evals(part)] == [0, 5, 10, 15, 20]
+    assert logs.evals(part) == logs.evals(full) and train_losses(logs, part) == train_losses(logs, full)
 
 
 def test_a_new_run_never_overwrites_a_checkpoint(run):
