@@ -277,6 +277,19 @@ def test_ddl_beta_histogram_at_its_initial_value(gpt_config):
     assert pictures(model, torch.randint(11, (2, 5))) == {'ddl_beta': [hist] * 4}
 
 
+def test_ddl_beta_near_its_three_regimes_falls_in_the_bins_beside_0_1_and_2(gpt_config):
+    """The bins that tools/plot_dynamics.py counts as near identity, projection and reflection: the first, the two
+    beside 1 and the last, each 0.1 wide."""
+    model = GPT(gpt_config(residual='ddl', n_layer=2))
+    betas = (0.05, 0.95, 1.05, 1.95)
+    with torch.no_grad():
+        for m, beta in zip(diagnostics.rules(model), betas):
+            m.w_beta.zero_(), m.b_beta.fill_(math.log(beta / (2 - beta)))  # 2 sigmoid(b) = beta
+    n = diagnostics.BETA_BINS
+    assert pictures(model, torch.randint(11, (2, 5)))['ddl_beta'] == [
+        [float(i == j) for i in range(n)] for j in (0, n // 2 - 1, n // 2, n - 1)]
+
+
 def test_ddl_beta_is_the_rules_own():
     """beta recovered from the rule's forward in float64: x_next - x = beta (v - <k, x>) k, so beta =
     <x_next - x, k> / (v - <k, x>), k = u / sqrt(||u||^2 + eps^2), v = w_v . RMSNorm(x)."""
