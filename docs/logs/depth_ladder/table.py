@@ -8,7 +8,12 @@ out-compare/ladder; folders CONFIG-n_layerL-sS as compare.py names them):
      row's |entries|; backward: the same of the columns), the analogue of mHC's Fig. 3 (b);
   4. with --ablate, each ablation's change in validation loss at 16 layers (tools/ablate.py on seeds 1-3, mean ± s.e.).
 
-    python docs/logs/depth_ladder/table.py [--out=out-compare/ladder] [--ablate]
+    python docs/logs/depth_ladder/table.py [--out=out-compare/ladder] [--ablate] [--collect] [--plots=docs]
+
+--collect copies the finished runs' logs (log.jsonl, config.json, dynamics.jsonl) to runs/ beside this file, where the
+tables read them when OUT is gone; --plots writes ladder_loss.png (final val loss against depth) and ladder_gain.png
+(map_max and map_rms from the first sublayer against depth) to a folder. HC's and mHC's composite gains by sublayer at
+32 layers, as figures: python tools/plot_dynamics.py OUT/shakespeare_hc-n_layer32-s1 OUT/shakespeare_mhc-n_layer32-s1.
 """
 
 import argparse
@@ -17,11 +22,13 @@ import json
 import math
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', '..'))
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, '..', '..', '..'))
 NAME = re.compile(r'(?P<config>.+)-n_layer(?P<depth>\d+)-s(?P<seed>\d+)$')
 DEPTHS = (4, 8, 16, 32)
 WAYS = {'max': 'max |sum|', 'norm': 'max sum of |entries|'}  # diagnostics.sum_gains' two readings
@@ -104,9 +111,61 @@ def ablations(folder):
     return {r[1].strip(): float(r[3]) for r in rows if r[3].strip() not in ('', '-', 'change')}
 
 
+def collect(found):
+    """Copy each finished run's logs to runs/ here (the checkpoints stay where they are: tools/ablate.py reads them)."""
+    for _, _, folder in found.values():
+        dest = os.path.join(HERE, 'runs', os.path.basename(folder))
+        os.makedirs(dest, exist_ok=True)
+        for f in ('log.jsonl', 'config.json', 'dynamics.jsonl'):
+            if os.path.exists(os.path.join(folder, f)):
+                shutil.copyfile(os.path.join(folder, f), os.path.join(dest, f))
+
+
+def plots(found, folder):
+    """ladder_loss.png and ladder_gain.png in folder: a line per rule against depth (seed 1; seeds 1-3's mean and
+    std at 16 layers as an error bar)."""
+    import matplotlib
+    import matplotlib.ticker
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    configs = list(dict.fromkeys(c for c, _, _ in found))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for i, c in enumerate(configs):
+        depths = [d for d in DEPTHS if (c, d, 1) in found]
+        ax.plot(depths, [found[(c, d, 1)][0] for d in depths], marker='o', color=f'C{i}', label=c)
+        seeds = [found[(c, 16, s)][0] for s in (1, 2, 3) if (c, 16, s) in found]
+        if len(seeds) > 1:
+            ax.errorbar([16], [statistics.mean(seeds)], [statistics.stdev(seeds)], color=f'C{i}', capsize=3)
+    ax.set(xscale='log', xticks=DEPTHS, xticklabels=DEPTHS, xlabel='layers', ylabel='final val loss')
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.legend(fontsize=7)
+    fig.savefig(os.path.join(folder, 'ladder_loss.png'), dpi=110, bbox_inches='tight')
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, stat in zip(axes, ('map_max', 'map_rms')):
+        for i, c in enumerate(configs):
+            points = [(d, found[(c, d, 1)][1]['attn'][stat][0]) for d in DEPTHS
+                      if (c, d, 1) in found and found[(c, d, 1)][1] and found[(c, d, 1)][1]['attn'][stat][0]]
+            if points:
+                ax.plot(*zip(*points), marker='o', color=f'C{i}', label=c)
+        ax.set(xscale='log', yscale='log', xticks=DEPTHS, xticklabels=DEPTHS, xlabel='layers',
+               title=f'{stat} of x_1 -> x_end at the last record')
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    axes[0].legend(fontsize=7)
+    fig.savefig(os.path.join(folder, 'ladder_gain.png'), dpi=110, bbox_inches='tight')
+
+
 if __name__ == '__main__':
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--out', default=os.path.join(ROOT, 'out-compare', 'ladder'))
     p.add_argument('--ablate', action='store_true', help='run tools/ablate.py on the 16-layer runs')
+    p.add_argument('--collect', action='store_true', help="copy the finished runs' logs to runs/ here")
+    p.add_argument('--plots', metavar='FOLDER', help='write ladder_loss.png and ladder_gain.png there')
     args = p.parse_args()
-    print(tables(runs(args.out), args.ablate))
+    if args.collect and not os.path.isdir(args.out):
+        p.error(f"--collect copies from --out, and {args.out} is not a folder; give the ladder's OUT")
+    found = runs(args.out if os.path.isdir(args.out) else os.path.join(HERE, 'runs'))
+    if args.collect:
+        collect(found)
+    if args.plots:
+        plots(found, args.plots)
+    print(tables(found, args.ablate))
