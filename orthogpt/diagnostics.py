@@ -248,10 +248,10 @@ def stream_gain(model, idx, l, iters, tol):
     """(sigma, rms) of J = d x_end / d x_l, float64. sigma: the square root of the largest Ritz value of J^T J on a
     Krylov space from start (Lanczos, each new direction orthogonalised against the earlier ones: as many passes as
     the power iteration, closer to the answer), a lower bound of J's largest singular value (J^T's alike), grown
-    until a step raises it by at most tol of itself, or for `iters` steps. rms = ||J v_0|| / ||v_0|| at the Gaussian
-    start: the root mean square of J's singular values s, a typical direction's gain, attenuation included, where
-    sigma is the worst; its relative error is about sqrt(sum s^4 / 2) / sum s^2, 1 / sqrt(2 x_l.numel()) for equal
-    s, more where a few directions dominate."""
+    until a step raises the largest Ritz value (sigma^2) by at most tol of itself, or for `iters` steps. rms = ||J v_0||
+    / ||v_0|| at the Gaussian start: the root mean square of J's singular values s, a typical direction's gain,
+    attenuation included, where sigma is the worst; exact for equal s, and otherwise off by about c / sqrt(2
+    x_l.numel()) of itself, c the coefficient of variation of s^2."""
     v, jv, w = jtj(model, idx, l)
     rms, basis, images = jv.norm() / v.norm(), [v.flatten() / v.norm()], [w.flatten() / v.norm()]
     top = [basis[0] @ images[0]]

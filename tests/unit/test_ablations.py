@@ -40,7 +40,9 @@ def test_the_wide_rules_mixing_becomes_the_identity_and_their_maps_their_init(ke
         mixing = a.coefficients(H)[2]
         assert mixing is None or torch.equal(mixing, torch.eye(H.shape[-2], dtype=H.dtype).expand_as(mixing))
         torch.testing.assert_close(a.coefficients(H)[:2], m.coefficients(H)[:2], rtol=1e-15, atol=0)  # read, write kept
-        type(a)(16, *a.twin()).double().load_state_dict(a.state_dict())  # the rule its twin builds: the kernels'
+        twin = type(a)(16, *a.twin()).double()  # the rule that the kernels' proof builds: this one
+        twin.load_state_dict(a.state_dict())
+        torch.testing.assert_close(twin.coefficients(H), a.coefficients(H), rtol=0, atol=0)
     frozen = copy.deepcopy(model)
     ablations.maps_at_init(frozen, fresh)
     for (m, H), (a, _), (f, _) in zip(streams(model), streams(frozen), streams(fresh)):

@@ -85,6 +85,8 @@ def tables(found, ablate):
         record = found.get((c, 32, 1), (None, None))[1]
         if record and record['attn'].get('comp_fwd_max', [None])[0] is not None:
             for way, size in itertools.product(('fwd', 'bwd'), ('max', 'norm')):
+                if f'comp_{way}_{size}' not in record['attn']:  # a log from before the stat was
+                    continue
                 gains = [v for pair in zip(record['attn'][f'comp_{way}_{size}'], record['mlp'][f'comp_{way}_{size}'])
                          for v in pair]
                 out.append(f"\n`{c}` at 32 layers, composite {way} gain ({WAYS[size]}) by sublayer 1-64: "
@@ -107,6 +109,8 @@ def ablations(folder):
     """{ablation: change in val loss} of tools/ablate.py on a run (none for a rule without ablations)."""
     done = subprocess.run([sys.executable, 'tools/ablate.py', f'--out_dir={folder}'], cwd=ROOT, capture_output=True,
                           text=True)
+    if done.returncode and 'no ablation' not in done.stderr:
+        raise SystemExit(f"tools/ablate.py --out_dir={folder} failed: {(done.stderr.strip() or '?').splitlines()[-1]}")
     rows = [line.split('|') for line in done.stdout.splitlines() if line.startswith('| ') and '(as trained)' not in line]
     return {r[1].strip(): float(r[3]) for r in rows if r[3].strip() not in ('', '-', 'change')}
 
@@ -156,16 +160,19 @@ def plots(found, folder):
 
 if __name__ == '__main__':
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument('--out', default=os.path.join(ROOT, 'out-compare', 'ladder'))
+    p.add_argument('--out', help="the ladder's runs (default out-compare/ladder, else the logs in runs/ here)")
     p.add_argument('--ablate', action='store_true', help='run tools/ablate.py on the 16-layer runs')
     p.add_argument('--collect', action='store_true', help="copy the finished runs' logs to runs/ here")
     p.add_argument('--plots', metavar='FOLDER', help='write ladder_loss.png and ladder_gain.png there')
     args = p.parse_args()
-    if args.collect and not os.path.isdir(args.out):
-        p.error(f"--collect copies from --out, and {args.out} is not a folder; give the ladder's OUT")
-    found = runs(args.out if os.path.isdir(args.out) else os.path.join(HERE, 'runs'))
+    out = args.out or os.path.join(ROOT, 'out-compare', 'ladder')
+    if not os.path.isdir(out) and (args.out or args.collect or args.ablate):
+        p.error(f"{out} is not a folder: --out names the ladder's runs, which --collect and --ablate need (the "
+                f"ablations read their checkpoints)")
+    found = runs(out if os.path.isdir(out) else os.path.join(HERE, 'runs'))
     if args.collect:
         collect(found)
     if args.plots:
+        os.makedirs(args.plots, exist_ok=True)
         plots(found, args.plots)
     print(tables(found, args.ablate))

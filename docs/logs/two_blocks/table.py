@@ -32,14 +32,18 @@ T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571}  # two-sided 95% quant
 
 
 def final(folder):
-    """(final val loss, parameters, value-embedding parameters) of a finished run, or None."""
+    """(final val loss, parameters, value-embedding parameters) of a run that has ended, or None while it runs. As
+    compare.py counts it (launcher.final_loss): inf for a run that ended without its last evaluation (diverged, say)
+    or with a loss that is not finite."""
     records = [json.loads(line) for line in open(os.path.join(folder, 'log.jsonl'))]
     cfg = json.load(open(os.path.join(folder, 'config.json')))
     evals = [r for r in records if 'val_loss' in r]
     start = next((r for r in records if r.get('event') == 'start'), {})
-    if not evals or evals[-1]['iter'] != cfg['max_iters']:
+    finished = evals and evals[-1]['iter'] == cfg['max_iters']
+    if not finished and not os.path.exists(os.path.join(folder, 'run.json')):  # compare.py writes it as a run ends
         return None
-    return evals[-1]['val_loss'], start.get('parameters'), start.get('value_embed_parameters', 0)
+    loss = evals[-1]['val_loss'] if finished and math.isfinite(evals[-1]['val_loss']) else math.inf
+    return loss, start.get('parameters'), start.get('value_embed_parameters', 0)
 
 
 def runs(block):
@@ -104,7 +108,7 @@ def spearman(x, y):
 
 
 def fmt(p):
-    return '' if p is None else f"{p[0]:+.4f} ± {p[1]:.4f} (n={p[2]}, {verdict(p)})"
+    return 'no seed pair yet' if p is None else f"{p[0]:+.4f} ± {p[1]:.4f} (n={p[2]}, {verdict(p)})"
 
 
 def tuning_table(found):
@@ -153,15 +157,16 @@ def table(found):
 
 
 def collect(out):
-    """Copy the finished runs' log.jsonl and config.json from out/blocks-<block>/ to <block>/ here."""
+    """Copy the ended runs' log.jsonl, config.json and run.json from out/blocks-<block>/ to <block>/ here."""
     for b in BLOCKS:
         src = os.path.join(out, f'blocks-{b}')
         for name in sorted(os.listdir(src)) if os.path.isdir(src) else []:
             if NAME.match(name) and os.path.exists(os.path.join(src, name, 'log.jsonl')) and final(
                     os.path.join(src, name)):
                 os.makedirs(os.path.join(HERE, b, name), exist_ok=True)
-                for f in ('log.jsonl', 'config.json'):
-                    shutil.copyfile(os.path.join(src, name, f), os.path.join(HERE, b, name, f))
+                for f in ('log.jsonl', 'config.json', 'run.json'):
+                    if os.path.exists(os.path.join(src, name, f)):
+                        shutil.copyfile(os.path.join(src, name, f), os.path.join(HERE, b, name, f))
 
 
 if __name__ == '__main__':
