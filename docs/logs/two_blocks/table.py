@@ -9,7 +9,8 @@ for each block and rule: the chosen rate (compare.py's: the lowest seed-1337 los
 final val loss of seeds 1-3 at it (mean ± sample std); its difference from additive in the same block, paired by seed
 (mean ± standard error) and what that says at 95% (a t interval on n-1 degrees of freedom: 'better' or 'worse' where
 the interval excludes 0, 'unresolved' where it does not); then the rank correlation (Spearman's) of the two blocks'
-orderings of the rules, and modern additive against GPT-2-block additive.
+orderings of the rules, modern additive against GPT-2-block additive, and for each rule with all three seeds in both
+blocks whether its reading against additive survives the stronger baseline.
 """
 
 import argparse
@@ -28,6 +29,10 @@ from orthogpt.sweep import extend  # noqa: E402
 BLOCKS = {'gpt2': "GPT-2's block", 'modern': 'modern block'}
 NAME = re.compile(r'(?P<config>.+)-learning_rate(?P<lr>[0-9.e+-]+?)-s(?P<seed>\d+)$')
 TUNING_SEED, GRID = 1337, ['1e-3', '2e-3', '4e-3']
+CLAIM = {('better', 'better'): 'survives', ('better', 'unresolved'): 'does not survive', ('better', 'worse'): 'reverses',
+         ('unresolved', 'better'): 'appears in the modern block only', ('unresolved', 'unresolved'): 'none in either',
+         ('unresolved', 'worse'): 'worse in the modern block only', ('worse', 'better'): 'reverses',
+         ('worse', 'unresolved'): "worse in GPT-2's block only", ('worse', 'worse'): 'worse in both'}  # by (GPT-2, modern)
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571}  # two-sided 95% quantiles of Student's t, by d.o.f.
 
 
@@ -129,7 +134,7 @@ def table(found):
     base = {b: data[b].get('shakespeare_add') for b in BLOCKS}
     lines = ['| rule | ' + ' | '.join(f"{BLOCKS[b]}: rate, parameters, final val loss (seeds), Δ vs its additive"
                                       for b in BLOCKS) + ' |', '|---|' + '---|' * len(BLOCKS)]
-    means = {}
+    means, verdicts = {}, {}
     for c in configs:
         cells = []
         for b in BLOCKS:
@@ -142,7 +147,10 @@ def table(found):
                     f"({len(seeds)}/3)") if len(seeds) >= 2 else f"{len(seeds)}/3 seeds"
             if len(seeds) == 3:
                 means.setdefault(c, {})[b] = statistics.mean(seeds.values())
-            delta = '-' if c == 'shakespeare_add' or base[b] is None else fmt(paired(seeds, base[b][1]))
+            pair = None if c == 'shakespeare_add' or base[b] is None else paired(seeds, base[b][1])
+            delta = '-' if c == 'shakespeare_add' else fmt(pair)
+            if pair and pair[2] == 3:
+                verdicts.setdefault(c, {})[b] = verdict(pair)
             count = f"{params:,}" + (f" ({ve:,} value emb.)" if ve else '')
             cells.append(f"{lr:g}, {count}, {loss}, {delta}")
         lines.append(f"| `{c}` | " + ' | '.join(cells) + ' |')
@@ -153,6 +161,11 @@ def table(found):
                 f"{spearman([means[c]['gpt2'] for c in both], [means[c]['modern'] for c in both]):+.3f}")
     if all(base.values()):
         out += f"\n\nmodern additive - GPT-2-block additive, paired: {fmt(paired(base['modern'][1], base['gpt2'][1]))}"
+    claims = [c for c in configs if len(verdicts.get(c, {})) == 2]
+    if claims:
+        out += ("\n\n| rule | against additive, GPT-2's block | in the modern block | the claim |\n|---|---|---|---|\n"
+                + '\n'.join(f"| `{c}` | {verdicts[c]['gpt2']} | {verdicts[c]['modern']} | "
+                            f"{CLAIM[tuple(verdicts[c][b] for b in BLOCKS)]} |" for c in claims))
     return out
 
 
