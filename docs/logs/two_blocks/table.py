@@ -1,5 +1,5 @@
 """The two-block study's tables (docs/results.md, "Every rule in GPT-2's block and in the modern block"), from the
-runs' logs kept beside this file (gpt2/, modern/: a folder per run, as compare.py names them: CONFIG-learning_rateLR-sS).
+runs' logs kept beside this file (gpt2/, modern/: a folder per run, as compare.py names it: CONFIG-learning_rateLR-sS).
 
     python docs/logs/two_blocks/table.py                          # the tables, from the logs here
     python docs/logs/two_blocks/table.py --collect out-compare    # first copy in the finished runs of out-compare/
@@ -29,10 +29,11 @@ from orthogpt.sweep import extend  # noqa: E402
 BLOCKS = {'gpt2': "GPT-2's block", 'modern': 'modern block'}
 NAME = re.compile(r'(?P<config>.+)-learning_rate(?P<lr>[0-9.e+-]+?)-s(?P<seed>\d+)$')
 TUNING_SEED, GRID = 1337, ['1e-3', '2e-3', '4e-3']
-CLAIM = {('better', 'better'): 'survives', ('better', 'unresolved'): 'does not survive', ('better', 'worse'): 'reverses',
-         ('unresolved', 'better'): 'appears in the modern block only', ('unresolved', 'unresolved'): 'none in either',
-         ('unresolved', 'worse'): 'worse in the modern block only', ('worse', 'better'): 'reverses',
-         ('worse', 'unresolved'): "worse in GPT-2's block only", ('worse', 'worse'): 'worse in both'}  # by (GPT-2, modern)
+CLAIM = {  # (against additive in GPT-2's block, in the modern block) -> the reading
+    ('better', 'better'): 'survives', ('better', 'unresolved'): 'does not survive', ('better', 'worse'): 'reverses',
+    ('unresolved', 'better'): 'appears in the modern block only', ('unresolved', 'unresolved'): 'none in either',
+    ('unresolved', 'worse'): 'worse in the modern block only', ('worse', 'better'): 'reverses',
+    ('worse', 'unresolved'): "worse in GPT-2's block only", ('worse', 'worse'): 'worse in both'}
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571}  # two-sided 95% quantiles of Student's t, by d.o.f.
 
 
@@ -184,7 +185,7 @@ def collect(out):
 
 if __name__ == '__main__':
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument('--collect', metavar='OUT', help="copy in the finished runs of OUT/blocks-gpt2 and OUT/blocks-modern")
+    p.add_argument('--collect', metavar='OUT', help="copy in the ended runs of OUT/blocks-gpt2 and OUT/blocks-modern")
     args = p.parse_args()
     if args.collect:
         collect(args.collect)
