@@ -47,6 +47,7 @@ class Config(GPTConfig, ViTConfig):
     log_interval: int = 10  # iterations between log lines
     dynamics: bool = False  # log per-block stream statistics to out_dir/dynamics.jsonl (tools/plot_dynamics.py)
     dynamics_interval: int = 100  # iterations between those measurements (each a few steps' work: docs/rules.md)
+    dynamics_gain_interval: int = 1000  # the stream map's gains in the first of them past each multiple, and the last
     wandb_log: bool = False  # mirror the log to Weights & Biases (offline mode when no API key is set)
     wandb_project: str = 'orthogpt'  # the W&B project
     wandb_run_name: str | None = None  # the W&B run's name (default: W&B's)
@@ -109,7 +110,7 @@ class Config(GPTConfig, ViTConfig):
                              f"'Writing a rule')")
         self.options = model_config(self).options
         at_least_one(self, 'batch_size', 'gradient_accumulation_steps', 'eval_interval', 'eval_iters', 'log_interval',
-                     'dynamics_interval', 'aspect')
+                     'dynamics_interval', 'dynamics_gain_interval', 'aspect')
         for key in ('max_iters', 'warmup_iters', 'learning_rate', 'muon_lr', 'weight_decay', 'grad_clip', 'dropout',
                     'keep_last_n', 'nan_max_skips', 'crop_padding', 'mixup_alpha', 'cutmix_alpha', 'muon_momentum_warmup',
                     'depth', 'tokens_per_param'):

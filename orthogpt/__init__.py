@@ -15,7 +15,9 @@ Imports flow one way: model.py <- configure/ <- this package <- scripts and tool
     sharded      FSDP's checkpoints: torch.distributed.checkpoint folders
     resume       what a resumed run may change
     chars        character-level text (Tiny Shakespeare): preparation
+    bpe          GPT-2's byte-pair encoding through tiktoken, or one line that says how to get its files
     shards       GPT-2 token shards in llm.c's format
+    hub          the Hugging Face hub, reachable or not: offline, its libraries read their caches at once
     windows      token files found and read as random windows
     images       image datasets on the device, and their augmentation
     tasks        what the loop trains on: a GPT on token windows, or a ViT on images
@@ -30,7 +32,8 @@ Imports flow one way: model.py <- configure/ <- this package <- scripts and tool
     series       a scaling series read back through its plan, and its fits and compute multipliers
     logs         a run's log.jsonl (and Weights & Biases): written, read, damaged lines dropped
     plots        validation curves of runs in one figure
-    diagnostics  measurements of the residual stream: gradient norms, update statistics
+    diagnostics  measurements of the residual stream: gradient norms, update statistics, gains across depth
+    ablations    one mechanism of a trained model switched off in place, at evaluation (tools/ablate.py)
     maps         the orthogonal Q/K/V maps computed once, in one batched call, for many forwards
     decoding     text generation: the window, the one-token step (eager or compiled once), a sampler with no host sync
     hf           the Hugging Face format: pretrained weights into a run, a run out to a folder that transformers loads

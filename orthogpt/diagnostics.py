@@ -390,16 +390,17 @@ DEPTH_STATS = ('out_norm', 'out_grad', 'branch_grad', 'map_max', 'map_rms') + MI
 
 
 @in_eval_mode
-def dynamics_record(model, idx, iter_num, targets=None):
+def dynamics_record(model, idx, iter_num, targets=None, gains=True):
     """The JSON record of dynamics.jsonl: update_stats of one forward on idx, and in the same forward each
     sublayer's H_res (mixing_gains) and depth_pictures; on idx's first SEQUENCES sequences magnitudes (given the
-    targets) and stream_gains: per sublayer STATS + DEPTH_STATS in 'attn' and 'mlp', and the pictures beside."""
+    targets) and, where `gains`, stream_gains (most of a record's cost): per sublayer STATS + DEPTH_STATS in 'attn'
+    and 'mlp' (None where not measured), and the pictures beside."""
     with mixings(model) as found, depth_pictures(model) as pictures:
         stats = update_stats(model, idx)
-    few = idx[:SEQUENCES]
-    grads = (magnitudes(model, few, targets[:SEQUENCES]) if targets is not None else
-             torch.full((len(found), 3), math.nan, dtype=torch.float64))
-    rows = torch.cat([stats.double().cpu(), grads, stream_gains(model, few), mixing_gains(found)], 1)
+    few, unmeasured = idx[:SEQUENCES], lambda k: torch.full((len(found), k), math.nan, dtype=torch.float64)
+    grads = magnitudes(model, few, targets[:SEQUENCES]) if targets is not None else unmeasured(3)
+    rows = torch.cat([stats.double().cpu(), grads, stream_gains(model, few) if gains else unmeasured(2),
+                      mixing_gains(found)], 1)
     return {**stats_record(iter_num, model, rows, STATS + DEPTH_STATS), **pictures}
 
 

@@ -105,11 +105,11 @@ class Runner:
             self.run.raw_model(self.x, self.y)
         return sum(n for _, n in seen)
 
-    def time_dynamics(self):
-        """Seconds for one --dynamics measurement, as train.py makes it."""
+    def time_dynamics(self, gains):
+        """Seconds for one --dynamics record, as train.py makes it, with or without the stream map's gains."""
         self.sync()
         t0 = time.perf_counter()
-        diagnostics.dynamics_record(self.run.raw_model, self.x, 0, self.y)
+        diagnostics.dynamics_record(self.run.raw_model, self.x, 0, self.y, gains)
         self.sync()
         return time.perf_counter() - t0
 
@@ -163,7 +163,7 @@ def main(argv=None):
     p.add_argument('--peak_tflops', type=float, default=None, help='device peak for MFU (default: a table for known GPUs)')
     p.add_argument('--profile', default=None, help='write a torch profiler trace of each variant to this folder')
     p.add_argument('--dynamics', action='store_true',
-                   help="also time train.py's --dynamics measurement against dynamics_interval steps")
+                   help="also time train.py's --dynamics records, with and without the stream map's gains, against the steps")
     p.add_argument('--sample', action='store_true',
                    help='time generation instead: cached, uncached and, with --compile, compiled')
     p.add_argument('--sample_tokens', type=int, default=500, help='new tokens per timed generation')
@@ -212,11 +212,18 @@ def bench(base, configs, env, args):
     if env.master:
         step_table(runners, times, saved, args)
     if args.dynamics and env.master:
-        print(f"\n| variant | one dynamics measurement, ms | overhead at dynamics_interval={base.dynamics_interval} |")
-        print("|---|---|---|")
-        for v, r in runners.items():
-            dyn = median([r.time_dynamics() for _ in range(args.repeats)])
-            print(f"| {v} | {dyn * 1e3:.1f} | {dyn / (base.dynamics_interval * median(times[v])):.2%} |")
+        dynamics_table(runners, times, base, args)
+
+
+def dynamics_table(runners, times, base, args):
+    """train.py's --dynamics records, without and with the stream map's gains, and their cost against the steps."""
+    every, gains = base.dynamics_interval, base.dynamics_gain_interval
+    print(f"\n| variant | a dynamics record, ms | one with the stream map's gains, ms | overhead at dynamics_interval="
+          f"{every}, gains every {gains} |\n|---|---|---|---|")
+    for v, r in runners.items():
+        plain, full = (median([r.time_dynamics(g) for _ in range(args.repeats)]) for g in (False, True))
+        cost = plain / every + (full - plain) / max(gains, every)
+        print(f"| {v} | {plain * 1e3:.1f} | {full * 1e3:.1f} | {cost / median(times[v]):.2%} |")
 
 
 def time_steps(runners, args):

@@ -14,7 +14,8 @@ symmetric log scale (linear below 1e-3, so that 0 shows); OUT_stream_by_depth.pn
 sublayer's branch read at the last measurement against depth, a line per run (whether the stream grows with depth,
 as Attention Residuals, Kimi Team, arXiv:2603.15031, Sec. 5.2, report of PreNorm); and OUT_effective_rank.png, the
 effective rank of the final representation at each evaluation. At the last measurement, against the sublayer
-(docs/rules.md, "Diagnostics across depth", defines each): OUT_magnitudes.png, each sublayer's output and the
+(or the last that measured it: the stream map's gains come less often; docs/rules.md, "Diagnostics across
+depth", defines each): OUT_magnitudes.png, each sublayer's output and the
 gradient of the loss at it and at its branch output; OUT_stream_gain.png, the gain of the stream map from each
 sublayer to the end, its largest and its root-mean-square singular value; for the wide rules OUT_mixing_gain.png,
 the row (forward) and column (backward) sums of H_res, each sublayer's and the composite from it to the last
@@ -155,13 +156,19 @@ def stat_figures(plt, runs, out, written):
         save(fig, f"{out}_{stat}.png", written)
 
 
+def last_measuring(records, stat):
+    """The last record that measured stat (the stream map's gains come every dynamics_gain_interval), else the last."""
+    return next((r for r in reversed(records) if any(v is not None for v in by_depth(r, stat))), records[-1])
+
+
 def depth_figure(plt, runs, path, panels, written):
-    """A figure of panels against the sublayer at each run's last measurement, a colour per run and a line style
-    per statistic, on log axes; none where no run measured any of its statistics (a rule without them, older logs)."""
+    """A figure of panels against the sublayer at each run's last measurement of each statistic, a colour per run and
+    a line style per statistic, on log axes; none where no run measured any of its statistics (a rule without them,
+    older logs)."""
     from matplotlib.lines import Line2D
     from matplotlib.ticker import LogFormatter
-    drawn = [[(color, name, records[-1], stat, style) for color, (name, records, _) in enumerate(runs)
-              for stat, style, _ in stats if any(v is not None for v in by_depth(records[-1], stat))]
+    drawn = [[(color, name, last_measuring(records, stat), stat, style) for color, (name, records, _) in enumerate(runs)
+              for stat, style, _ in stats if any(v is not None for v in by_depth(last_measuring(records, stat), stat))]
              for _, stats in panels]
     if not any(drawn):
         return

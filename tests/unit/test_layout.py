@@ -59,6 +59,12 @@ def test_the_root_holds_few_scripts_and_the_rest_sits_in_folders():
         'tools.plot_dynamics', 'tools.plot_curves'}
 
 
+def test_the_package_docstring_names_every_module():  # the README points readers to it for the package's map
+    import orthogpt
+    listed = {line.split()[0] for line in orthogpt.__doc__.splitlines() if line.startswith('    ') and line.split()}
+    assert {m.split('.')[1] for m in modules() if m.startswith('orthogpt.') and m.count('.') == 1} <= listed
+
+
 def test_imports_flow_one_way_without_a_cycle():
     graph = imports()
     assert graph['model'] == set(), "model.py imports no project module"
