@@ -10,7 +10,7 @@ final val loss of seeds 1-3 at it (mean ± sample std); its difference from addi
 (mean ± standard error) and what that says at 95% (a t interval on n-1 degrees of freedom: 'better' or 'worse' where
 the interval excludes 0, 'unresolved' where it does not); then the rank correlation (Spearman's) of the two blocks'
 orderings of the rules, modern additive against GPT-2-block additive, and for each rule with all three seeds in both
-blocks whether its reading against additive survives the stronger baseline.
+blocks whether its reading against additive survives the stronger baseline; last the differences seed by seed.
 """
 
 import argparse
@@ -170,6 +170,24 @@ def table(found):
     return out
 
 
+def per_seed(found):
+    """Each rule's difference from additive in its block, seed by seed, and modern additive's from GPT-2-block
+    additive's: the signs behind the means."""
+    data = {b: {c: summary(cells) for c, cells in found[b].items()} for b in BLOCKS}
+    base = {b: data[b].get('shakespeare_add') for b in BLOCKS}
+    if not all(base.values()):
+        return ''
+
+    def diffs(a, b):
+        return ', '.join(f"{a[s] - b[s]:+.3f}" for s in sorted(a.keys() & b.keys())) or '-'
+    lines = ['| rule − additive, seeds 1, 2, 3 | ' + ' | '.join(BLOCKS.values()) + ' |', '|---|' + '---|' * len(BLOCKS)]
+    for c in dict.fromkeys(c for b in BLOCKS for c in data[b] if c != 'shakespeare_add'):
+        lines.append(f"| `{c}` | " + ' | '.join(diffs(data[b][c][1], base[b][1]) if data[b].get(c) else '-'
+                                                for b in BLOCKS) + ' |')
+    return ('\n'.join(lines) + f"\n\nmodern additive − GPT-2-block additive, seeds 1, 2, 3: "
+            f"{diffs(base['modern'][1], base['gpt2'][1])}")
+
+
 def collect(out):
     """Copy the ended runs' log.jsonl, config.json and run.json from out/blocks-<block>/ to <block>/ here."""
     for b in BLOCKS:
@@ -194,3 +212,5 @@ if __name__ == '__main__':
     print(tuning_table(found))
     print('\nSeeds 1-3 at the chosen rate:\n')
     print(table(found))
+    print('\nThe differences seed by seed:\n')
+    print(per_seed(found))
