@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Resumes the depth ladder (docs/results.md, "The depth ladder") where its OUT folder is gone (another machine): the
+# finished runs' logs kept in runs/ here go back into OUT, where compare.py keeps them, except the 16-layer runs,
+# whose checkpoints tools/ablate.py reads (table.py --ablate), so they train again; then run.sh runs the rest. Where
+# OUT is still there, run.sh alone resumes it. Same arguments and OUT as run.sh.
+set -euo pipefail
+cd "$(dirname "$0")/../../.."
+OUT=${OUT:-out-compare/ladder}
+for run in docs/logs/depth_ladder/runs/*/; do
+  [[ -d $run && $(basename "$run") != *-n_layer16-* ]] || continue
+  mkdir -p "$OUT/$(basename "$run")"
+  cp -n "$run"* "$OUT/$(basename "$run")/"
+done
+OUT=$OUT bash docs/logs/depth_ladder/run.sh "$@"
