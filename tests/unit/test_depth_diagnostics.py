@@ -302,3 +302,15 @@ def test_ddl_beta_is_the_rules_own():
         beta = ((rule(x, u) - x) * k).sum(-1) / (v - (k * x).sum(-1))
         torch.testing.assert_close(diagnostics.ddl_beta(rule, x), beta, rtol=1e-10, atol=0)
     assert beta.max() - beta.min() > 0.1  # from token to token
+
+
+def test_the_depth_figures_read_each_statistic_where_it_was_last_measured():
+    """A run stopped between the stream map's gains (they come every dynamics_gain_interval): its figures draw the
+    gains of the last record that has them, and the rest from the last record."""
+    from tools.plot_dynamics import last_measuring
+    record = lambda it, gain: {'iter': it, 'attn': {'map_max': [gain], 'cos': [0.1]},  # noqa: E731
+                               'mlp': {'map_max': [gain], 'cos': [0.2]}}
+    records = [record(100, None), record(200, 3.0), record(300, None)]
+    assert last_measuring(records, 'map_max')['iter'] == 200
+    assert last_measuring(records, 'cos')['iter'] == 300
+    assert last_measuring(records[:1], 'map_max')['iter'] == 100  # never measured: the last, whose values are None
