@@ -130,7 +130,8 @@ def train(cfg, env, argv, given):
             since += 1
             if env.master and cfg.dynamics and it % cfg.dynamics_interval == 0:
                 inputs, targets = run.task.batch
-                gains = it % cfg.dynamics_gain_interval < cfg.dynamics_interval or it == cfg.max_iters  # costly: rarer
+                last = it + cfg.dynamics_interval > cfg.max_iters  # no record after this one
+                gains = it % cfg.dynamics_gain_interval < cfg.dynamics_interval or last  # costly: rarer
                 log.write(diagnostics.dynamics_record(run.raw_model, inputs, it, targets, gains), 'dynamics')
             at_log = it % cfg.log_interval == 0  # the host syncs here only
             if at_log:

@@ -46,8 +46,8 @@ class Config(GPTConfig, ViTConfig):
     eval_only: bool = False  # evaluate once and exit
     log_interval: int = 10  # iterations between log lines
     dynamics: bool = False  # log per-block stream statistics to out_dir/dynamics.jsonl (tools/plot_dynamics.py)
-    dynamics_interval: int = 100  # iterations between those measurements (each a few steps' work: docs/rules.md)
-    dynamics_gain_interval: int = 1000  # the stream map's gains in the first of them past each multiple, and the last
+    dynamics_interval: int = 100  # iterations between those records (each about a step's work: docs/rules.md)
+    dynamics_gain_interval: int = 1000  # the costly stream gains ride the first record at/past each multiple, the last
     wandb_log: bool = False  # mirror the log to Weights & Biases (offline mode when no API key is set)
     wandb_project: str = 'orthogpt'  # the W&B project
     wandb_run_name: str | None = None  # the W&B run's name (default: W&B's)

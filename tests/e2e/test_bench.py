@@ -32,6 +32,23 @@ def test_the_step_table(char_data, capsys, tables):
     assert saved['hc'] > 1.5 * saved['additive'] and saved['mhc'] > 1.5 * saved['additive']  # n = 4 copies of the stream
 
 
+def test_the_dynamics_table_counts_the_gains_once_per_their_interval(char_data, capsys, tables):
+    """bench --dynamics: each variant's record without and with the stream map's gains, and their cost per step:
+    a plain record every dynamics_interval steps and the gains' extra every dynamics_gain_interval."""
+    bench.main([os.path.join(ROOT, 'config', 'shakespeare_add.py'), *TINY, f'--data_dir={char_data}', '--dynamics',
+                '--variants=additive,mhc', '--repeats=1', '--dynamics_interval=10', '--dynamics_gain_interval=50'])
+    steps, dynamics = capsys.readouterr().out.split('| variant | a dynamics record')
+    steps, dynamics = tables.cells(steps), tables.cells('| variant | a dynamics record' + dynamics)
+    assert list(dynamics) == ['additive', 'mhc']
+    for variant, (plain, full, overhead) in dynamics.items():
+        plain, full, ms = float(plain), float(full), tables.number(steps[variant][1])
+        assert 0 < plain and 0 < full
+        # rounded to 0.1 ms each: the overhead's bounds from the rounded cells
+        cost = lambda p, f, m: (p / 10 + (f - p) / 50) / m * 100  # noqa: E731
+        low, high = cost(plain - 0.05, full - 0.05, ms + 0.05), cost(plain + 0.05, full + 0.05, ms - 0.05)
+        assert min(low, high) - 0.01 <= tables.number(overhead) <= max(low, high) + 0.01
+
+
 def is_ratio(cell, a, b):
     """Whether the table's ratio cell (rounded to 0.1) is a / b for the rates a and b it prints rounded to integers."""
     low, high = (a - 0.5) / (b + 0.5), (a + 0.5) / (b - 0.5)

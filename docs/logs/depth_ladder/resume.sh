@@ -7,8 +7,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../../.."
 OUT=${OUT:-out-compare/ladder}
 for run in docs/logs/depth_ladder/runs/*/; do
-  [[ -d $run && $(basename "$run") != *-n_layer16-* ]] || continue
-  mkdir -p "$OUT/$(basename "$run")"
-  cp -n "$run"* "$OUT/$(basename "$run")/"
+  dest="$OUT/$(basename "$run")"
+  [[ -d $run && $(basename "$run") != *-n_layer16-* && ! -e $dest ]] || continue  # a folder there is that run's own
+  mkdir -p "$dest"
+  cp "$run"* "$dest/"
 done
 OUT=$OUT bash docs/logs/depth_ladder/run.sh "$@"

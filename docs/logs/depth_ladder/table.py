@@ -72,7 +72,7 @@ def tables(found, ablate):
     out = ['| rule | ' + ' | '.join(f"{d} layers" for d in DEPTHS) + ' | 16 layers, seeds 1-3 |',
            '|---|' + '---|' * (len(DEPTHS) + 1)]
     for c in configs:
-        cells = [f"{found[(c, d, 1)][0]:.4f}" if (c, d, 1) in found else 'not yet run' for d in DEPTHS]
+        cells = [f"{found[(c, d, 1)][0]:.4f}" if (c, d, 1) in found else 'not finished' for d in DEPTHS]
         cells.append(mean_std([found[(c, 16, s)][0] for s in (1, 2, 3) if (c, 16, s) in found]))
         out.append(f"| `{c}` | " + ' | '.join(cells) + ' |')
     out += ['', '| rule: map_max (map_rms) from sublayer 1 | ' + ' | '.join(f"{d} layers" for d in DEPTHS) + ' |',
@@ -80,7 +80,7 @@ def tables(found, ablate):
     for c in configs:
         out.append(f"| `{c}` | " + ' | '.join(
             f"{first(found[(c, d, 1)][1], 'map_max')} ({first(found[(c, d, 1)][1], 'map_rms')})"
-            if (c, d, 1) in found else 'not yet run' for d in DEPTHS) + ' |')
+            if (c, d, 1) in found else 'not finished' for d in DEPTHS) + ' |')
     for c in configs:
         record = found.get((c, 32, 1), (None, None))[1]
         if record and record['attn'].get('comp_fwd_max', [None])[0] is not None:

@@ -3,7 +3,7 @@ read the stream map's largest singular value below 30 steps, on trained checkpoi
 
     python docs/logs/lanczos_stop/measure.py OUT_DIR [OUT_DIR ...] [--data_dir=...]
 
-For each run: its best.pt, the first sequence of its first validation batch (what a dynamics record measures), the
+For each run: its best.pt, the first sequence of its first validation batch (a dynamics record measures a training batch's), the
 stream gains of every sublayer with 5 and 8 steps, with the stop (orthogpt.diagnostics' defaults) and with 30 steps;
 per setting the largest shortfall from 30 steps over the sublayers (map_max) and the seconds it took, after one
 untimed pass.

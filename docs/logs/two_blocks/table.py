@@ -212,5 +212,7 @@ if __name__ == '__main__':
     print(tuning_table(found))
     print('\nSeeds 1-3 at the chosen rate:\n')
     print(table(found))
-    print('\nThe differences seed by seed:\n')
-    print(per_seed(found))
+    seeds = per_seed(found)
+    if seeds:
+        print('\nThe differences seed by seed:\n')
+        print(seeds)
