@@ -167,8 +167,9 @@ def depth_figure(plt, runs, path, panels, written):
     older logs)."""
     from matplotlib.lines import Line2D
     from matplotlib.ticker import LogFormatter
-    drawn = [[(color, name, last_measuring(records, stat), stat, style) for color, (name, records, _) in enumerate(runs)
-              for stat, style, _ in stats if any(v is not None for v in by_depth(last_measuring(records, stat), stat))]
+    drawn = [[(color, name, last, stat, style) for color, (name, records, _) in enumerate(runs)
+              for stat, style, _ in stats for last in [last_measuring(records, stat)]
+              if any(v is not None for v in by_depth(last, stat))]
              for _, stats in panels]
     if not any(drawn):
         return

@@ -3,8 +3,8 @@ read the stream map's largest singular value below 30 steps, on trained checkpoi
 
     python docs/logs/lanczos_stop/measure.py OUT_DIR [OUT_DIR ...] [--data_dir=...]
 
-For each run: its best.pt, the first sequence of its first validation batch (a dynamics record measures a training batch's), the
-stream gains of every sublayer with 5 and 8 steps, with the stop (orthogpt.diagnostics' defaults) and with 30 steps;
+For each run: its best.pt, the first sequence of its first validation batch (a dynamics record measures a training
+batch's), the stream gains of every sublayer with 5 and 8 steps, with the stop (orthogpt.diagnostics' defaults) and with 30 steps;
 per setting the largest shortfall from 30 steps over the sublayers (map_max) and the seconds it took, after one
 untimed pass.
 """
@@ -23,14 +23,10 @@ SETTINGS = {'5 steps': (5, 0.0), '8 steps': (8, 0.0),
 
 
 def measure(out_dir, data_dir):
-    ckpt, path = checkpoint.load_chosen(out_dir)
-    cfg = configure.from_dict({**ckpt['config'], 'device': 'cpu', 'compile': False, 'init_from': 'scratch',
-                               **({'data_dir': data_dir} if data_dir else {})})
-    task = make_task(cfg, 'cpu')
-    model = task.model()
-    checkpoint.load_weights(model, ckpt, path)
-    model.eval()
-    idx = task.eval_inputs()[:diagnostics.SEQUENCES]
+    model, ckpt, cfg = checkpoint.load_language_model(out_dir)
+    if data_dir:
+        cfg = configure.from_dict({**ckpt['config'], 'data_dir': data_dir})
+    idx = make_task(cfg, 'cpu').eval_inputs()[:diagnostics.SEQUENCES]
     diagnostics.stream_gains(model, idx, 2, 0.0)  # warm up: the first pass pays one-time costs
     found = {}
     for name, (iters, tol) in SETTINGS.items():
@@ -46,6 +42,7 @@ if __name__ == '__main__':
     p.add_argument('runs', nargs='+')
     p.add_argument('--data_dir', default=None)
     args = p.parse_args()
-    print('| run | ' + ' | '.join(f"{s}: largest shortfall, time" for s in SETTINGS) + ' |\n|---|' + '---|' * len(SETTINGS))
+    print('| run | ' + ' | '.join(f"{s}: largest shortfall, time" for s in SETTINGS) + ' |\n|---|'
+          + '---|' * len(SETTINGS))
     for run in args.runs:
         print(measure(run, args.data_dir), flush=True)
