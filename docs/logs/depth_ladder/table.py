@@ -1,7 +1,8 @@
 """The depth ladder's tables (docs/results.md, "The depth ladder"), from the runs that run.sh trains in OUT (default
 out-compare/ladder; folders CONFIG-n_layerL-sS as compare.py names them):
 
-  1. final val loss by rule and depth (seed 1), and at 16 layers mean ± std over seeds 1-3;
+  1. final val loss by rule and depth (seed 1), at 16 layers mean ± std over seeds 1-3 and the difference from
+     additive paired by seed (mean ± s.e.), and each cell's parameters;
   2. the stream map's gain from the first sublayer to the output (map_max: the largest singular value of dx_end/dx_0)
      and its typical gain (map_rms), at the last dynamics record, by rule and depth;
   3. HC's and mHC's composite mixing gain against sublayer at 32 layers (forward: max |row sum| and max sum of a
@@ -35,20 +36,21 @@ WAYS = {'max': 'max |sum|', 'norm': 'max sum of |entries|'}  # diagnostics.sum_g
 
 
 def read(folder):
-    """(final val loss, last dynamics record) of a finished run, or None."""
+    """(final val loss, last dynamics record, parameters) of a finished run, or None."""
     try:
         records = [json.loads(line) for line in open(os.path.join(folder, 'log.jsonl'))]
         cfg = json.load(open(os.path.join(folder, 'config.json')))
     except OSError:
         return None
     evals = [r for r in records if 'val_loss' in r and r['iter'] == cfg['max_iters']]
+    params = next(r['parameters'] for r in records if r.get('event') == 'start')
     dynamics = [json.loads(line) for line in open(os.path.join(folder, 'dynamics.jsonl'))] if os.path.exists(
         os.path.join(folder, 'dynamics.jsonl')) else []
-    return (evals[-1]['val_loss'], dynamics[-1] if dynamics else None) if evals else None
+    return (evals[-1]['val_loss'], dynamics[-1] if dynamics else None, params) if evals else None
 
 
 def runs(out):
-    """{(config, depth, seed): (loss, dynamics, folder)} of the finished runs."""
+    """{(config, depth, seed): (loss, dynamics, parameters, folder)} of the finished runs."""
     found = {}
     for name in sorted(os.listdir(out)) if os.path.isdir(out) else []:
         m, done = NAME.match(name), read(os.path.join(out, name))
@@ -61,6 +63,13 @@ def mean_std(values):
     return f"{statistics.mean(values):.4f} ± {statistics.stdev(values):.4f}" if len(values) > 1 else '-'
 
 
+def paired(found, c, base='shakespeare_add'):
+    """c's final val loss at 16 layers minus base's, paired by seed: mean ± s.e. over the seeds both finished."""
+    d = [found[(c, 16, s)][0] - found[(base, 16, s)][0] for s in (1, 2, 3) if (c, 16, s) in found and
+         (base, 16, s) in found]
+    return f"{statistics.mean(d):+.4f} ± {statistics.stdev(d) / math.sqrt(len(d)):.4f}" if len(d) > 1 else '-'
+
+
 def first(record, stat):
     """The value of a stat at the first sublayer (block 0's attention) of a dynamics record."""
     value = record['attn'][stat][0] if record else None
@@ -69,12 +78,18 @@ def first(record, stat):
 
 def tables(found, ablate):
     configs = list(dict.fromkeys(c for c, _, _ in found))
-    out = ['| rule | ' + ' | '.join(f"{d} layers" for d in DEPTHS) + ' | 16 layers, seeds 1-3 |',
-           '|---|' + '---|' * (len(DEPTHS) + 1)]
+    out = ['| rule | ' + ' | '.join(f"{d} layers" for d in DEPTHS) + ' | 16 layers, seeds 1-3 | '
+           '16 layers, − additive (paired) |', '|---|' + '---|' * (len(DEPTHS) + 2)]
     for c in configs:
         cells = [f"{found[(c, d, 1)][0]:.4f}" if (c, d, 1) in found else 'not finished' for d in DEPTHS]
         cells.append(mean_std([found[(c, 16, s)][0] for s in (1, 2, 3) if (c, 16, s) in found]))
+        cells.append(paired(found, c) if c != 'shakespeare_add' else '')
         out.append(f"| `{c}` | " + ' | '.join(cells) + ' |')
+    out += ['', '| rule: parameters | ' + ' | '.join(f"{d} layers" for d in DEPTHS) + ' |',
+            '|---|' + '---|' * len(DEPTHS)]
+    for c in configs:
+        out.append(f"| `{c}` | " + ' | '.join(f"{found[(c, d, 1)][2]:,}" if (c, d, 1) in found else '-'
+                                               for d in DEPTHS) + ' |')
     out += ['', '| rule: map_max (map_rms) from sublayer 1 | ' + ' | '.join(f"{d} layers" for d in DEPTHS) + ' |',
             '|---|' + '---|' * len(DEPTHS)]
     for c in configs:
@@ -97,7 +112,7 @@ def tables(found, ablate):
             changes = {}
             for s in (1, 2, 3):
                 if (c, 16, s) in found:
-                    for name, change in ablations(found[(c, 16, s)][2]).items():
+                    for name, change in ablations(found[(c, 16, s)][3]).items():
                         changes.setdefault(name, []).append(change)
             for name, d in changes.items():
                 se = statistics.stdev(d) / math.sqrt(len(d)) if len(d) > 1 else math.nan
@@ -117,7 +132,7 @@ def ablations(folder):
 
 def collect(found):
     """Copy each finished run's logs to runs/ here (the checkpoints stay where they are: tools/ablate.py reads them)."""
-    for _, _, folder in found.values():
+    for *_, folder in found.values():
         dest = os.path.join(HERE, 'runs', os.path.basename(folder))
         os.makedirs(dest, exist_ok=True)
         for f in ('log.jsonl', 'config.json', 'dynamics.jsonl'):
