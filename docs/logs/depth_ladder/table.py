@@ -27,6 +27,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+from typing import NamedTuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, '..', '..', '..'))
@@ -35,8 +36,15 @@ DEPTHS = (4, 8, 16, 32)
 WAYS = {'max': 'max |sum|', 'norm': 'max sum of |entries|'}  # diagnostics.sum_gains' two readings
 
 
+class Run(NamedTuple):
+    loss: float  # final val loss
+    dynamics: dict | None  # the last dynamics record
+    params: int
+    folder: str = ''
+
+
 def read(folder):
-    """(final val loss, last dynamics record, parameters) of a finished run, or None."""
+    """The Run in folder (its folder left out) if it finished, else None."""
     try:
         records = [json.loads(line) for line in open(os.path.join(folder, 'log.jsonl'))]
         cfg = json.load(open(os.path.join(folder, 'config.json')))
@@ -46,16 +54,16 @@ def read(folder):
     params = next(r['parameters'] for r in records if r.get('event') == 'start')
     dynamics = [json.loads(line) for line in open(os.path.join(folder, 'dynamics.jsonl'))] if os.path.exists(
         os.path.join(folder, 'dynamics.jsonl')) else []
-    return (evals[-1]['val_loss'], dynamics[-1] if dynamics else None, params) if evals else None
+    return Run(evals[-1]['val_loss'], dynamics[-1] if dynamics else None, params) if evals else None
 
 
 def runs(out):
-    """{(config, depth, seed): (loss, dynamics, parameters, folder)} of the finished runs."""
+    """{(config, depth, seed): Run} of the finished runs."""
     found = {}
     for name in sorted(os.listdir(out)) if os.path.isdir(out) else []:
         m, done = NAME.match(name), read(os.path.join(out, name))
         if m and done:
-            found[(m['config'], int(m['depth']), int(m['seed']))] = (*done, os.path.join(out, name))
+            found[(m['config'], int(m['depth']), int(m['seed']))] = done._replace(folder=os.path.join(out, name))
     return found
 
 
@@ -63,11 +71,16 @@ def mean_std(values):
     return f"{statistics.mean(values):.4f} ± {statistics.stdev(values):.4f}" if len(values) > 1 else '-'
 
 
+def mean_se(d):
+    """(mean, standard error) of d; the error NaN for one value."""
+    return statistics.mean(d), statistics.stdev(d) / math.sqrt(len(d)) if len(d) > 1 else math.nan
+
+
 def paired(found, c, base='shakespeare_add'):
     """c's final val loss at 16 layers minus base's, paired by seed: mean ± s.e. over the seeds both finished."""
-    d = [found[(c, 16, s)][0] - found[(base, 16, s)][0] for s in (1, 2, 3) if (c, 16, s) in found and
+    d = [found[(c, 16, s)].loss - found[(base, 16, s)].loss for s in (1, 2, 3) if (c, 16, s) in found and
          (base, 16, s) in found]
-    return f"{statistics.mean(d):+.4f} ± {statistics.stdev(d) / math.sqrt(len(d)):.4f}" if len(d) > 1 else '-'
+    return '{:+.4f} ± {:.4f}'.format(*mean_se(d)) if len(d) > 1 else '-'
 
 
 def first(record, stat):
@@ -81,23 +94,23 @@ def tables(found, ablate):
     out = ['| rule | ' + ' | '.join(f"{d} layers" for d in DEPTHS) + ' | 16 layers, seeds 1-3 | '
            '16 layers, − additive (paired) |', '|---|' + '---|' * (len(DEPTHS) + 2)]
     for c in configs:
-        cells = [f"{found[(c, d, 1)][0]:.4f}" if (c, d, 1) in found else 'not finished' for d in DEPTHS]
-        cells.append(mean_std([found[(c, 16, s)][0] for s in (1, 2, 3) if (c, 16, s) in found]))
+        cells = [f"{found[(c, d, 1)].loss:.4f}" if (c, d, 1) in found else 'not finished' for d in DEPTHS]
+        cells.append(mean_std([found[(c, 16, s)].loss for s in (1, 2, 3) if (c, 16, s) in found]))
         cells.append(paired(found, c) if c != 'shakespeare_add' else '')
         out.append(f"| `{c}` | " + ' | '.join(cells) + ' |')
     out += ['', '| rule: parameters | ' + ' | '.join(f"{d} layers" for d in DEPTHS) + ' |',
             '|---|' + '---|' * len(DEPTHS)]
     for c in configs:
-        out.append(f"| `{c}` | " + ' | '.join(f"{found[(c, d, 1)][2]:,}" if (c, d, 1) in found else '-'
+        out.append(f"| `{c}` | " + ' | '.join(f"{found[(c, d, 1)].params:,}" if (c, d, 1) in found else '-'
                                                for d in DEPTHS) + ' |')
     out += ['', '| rule: map_max (map_rms) from sublayer 1 | ' + ' | '.join(f"{d} layers" for d in DEPTHS) + ' |',
             '|---|' + '---|' * len(DEPTHS)]
     for c in configs:
         out.append(f"| `{c}` | " + ' | '.join(
-            f"{first(found[(c, d, 1)][1], 'map_max')} ({first(found[(c, d, 1)][1], 'map_rms')})"
+            f"{first(found[(c, d, 1)].dynamics, 'map_max')} ({first(found[(c, d, 1)].dynamics, 'map_rms')})"
             if (c, d, 1) in found else 'not finished' for d in DEPTHS) + ' |')
     for c in configs:
-        record = found.get((c, 32, 1), (None, None))[1]
+        record = found[(c, 32, 1)].dynamics if (c, 32, 1) in found else None
         if record and record['attn'].get('comp_fwd_max', [None])[0] is not None:
             for way, size in itertools.product(('fwd', 'bwd'), ('max', 'norm')):
                 if f'comp_{way}_{size}' not in record['attn']:  # a log from before the stat was
@@ -112,11 +125,10 @@ def tables(found, ablate):
             changes = {}
             for s in (1, 2, 3):
                 if (c, 16, s) in found:
-                    for name, change in ablations(found[(c, 16, s)][3]).items():
+                    for name, change in ablations(found[(c, 16, s)].folder).items():
                         changes.setdefault(name, []).append(change)
             for name, d in changes.items():
-                se = statistics.stdev(d) / math.sqrt(len(d)) if len(d) > 1 else math.nan
-                out.append(f"| `{c}` | {name} | {statistics.mean(d):+.4f} ± {se:.4f} (n={len(d)}) |")
+                out.append('| `{}` | {} | {:+.4f} ± {:.4f} (n={}) |'.format(c, name, *mean_se(d), len(d)))
     return '\n'.join(out)
 
 
@@ -132,7 +144,7 @@ def ablations(folder):
 
 def collect(found):
     """Copy each finished run's logs to runs/ here (the checkpoints stay where they are: tools/ablate.py reads them)."""
-    for *_, folder in found.values():
+    for folder in (run.folder for run in found.values()):
         dest = os.path.join(HERE, 'runs', os.path.basename(folder))
         os.makedirs(dest, exist_ok=True)
         for f in ('log.jsonl', 'config.json', 'dynamics.jsonl'):
@@ -151,8 +163,8 @@ def plots(found, folder):
     fig, ax = plt.subplots(figsize=(6, 4))
     for i, c in enumerate(configs):
         depths = [d for d in DEPTHS if (c, d, 1) in found]
-        ax.plot(depths, [found[(c, d, 1)][0] for d in depths], marker='o', color=f'C{i}', label=c)
-        seeds = [found[(c, 16, s)][0] for s in (1, 2, 3) if (c, 16, s) in found]
+        ax.plot(depths, [found[(c, d, 1)].loss for d in depths], marker='o', color=f'C{i}', label=c)
+        seeds = [found[(c, 16, s)].loss for s in (1, 2, 3) if (c, 16, s) in found]
         if len(seeds) > 1:
             ax.errorbar([16], [statistics.mean(seeds)], [statistics.stdev(seeds)], color=f'C{i}', capsize=3)
     ax.set(xscale='log', xticks=DEPTHS, xticklabels=DEPTHS, xlabel='layers', ylabel='final val loss')
@@ -162,8 +174,8 @@ def plots(found, folder):
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, stat in zip(axes, ('map_max', 'map_rms')):
         for i, c in enumerate(configs):
-            points = [(d, found[(c, d, 1)][1]['attn'][stat][0]) for d in DEPTHS
-                      if (c, d, 1) in found and found[(c, d, 1)][1] and found[(c, d, 1)][1]['attn'][stat][0]]
+            records = [(d, found[(c, d, 1)].dynamics) for d in DEPTHS if (c, d, 1) in found]
+            points = [(d, r['attn'][stat][0]) for d, r in records if r and r['attn'][stat][0]]
             if points:
                 ax.plot(*zip(*points), marker='o', color=f'C{i}', label=c)
         ax.set(xscale='log', yscale='log', xticks=DEPTHS, xticklabels=DEPTHS, xlabel='layers',
