@@ -21,8 +21,8 @@ sublayer to the end, its largest and its root-mean-square singular value; for th
 the row (forward) and column (backward) sums of H_res, each sublayer's and the composite from it to the last
 (mHC's Fig. 3 (a) and (b)); and each mechanism's own weights: OUT_attnres_weights.png (Attention Residuals'
 alpha_{i->l}, a heat map), OUT_denseformer_alpha.png (DenseFormer's weights, a heat map) and OUT_ddl_beta.png
-(DDL's beta, a histogram per sublayer, with the fractions within 0.1 of 0, 1 and 2). Prints each run's last
-measurement of every statistic, the mean over its sublayers.
+(DDL's beta, a histogram per sublayer as a heat map, and the fractions within 0.1 of 0, 1 and 2). Prints each run's
+last measurement of every statistic, the mean over its sublayers.
 """
 
 import json
@@ -193,9 +193,17 @@ def depth_figure(plt, runs, path, panels, written):
     save(fig, path, written)
 
 
+def ticks(n):
+    """Every tick up to 16, else about 16 of them: a 65-column map's labels otherwise overlap."""
+    return range(0, n, max(1, -(-n // 16)))
+
+
 def heatmaps(plt, runs, path, key, written):
     """A heat map per run whose last measurement holds key (HEATMAPS): rows the readers in order, columns their
-    sources in order (the embeddings first), each row as long as its reader's sources, the values written in."""
+    sources in order (the embeddings first), each row as long as its reader's sources, the values written in where
+    there is room. The colour scale is linear within 0.01 of 0 and logarithmic beyond, so that the weights of a deep
+    model (uniform over 65 sources is 0.015) show beside its few large ones."""
+    import matplotlib.colors
     import numpy as np
     found = [(name, records[-1]) for name, records, _ in runs if key in records[-1]]
     if not found:
@@ -207,13 +215,15 @@ def heatmaps(plt, runs, path, key, written):
         grid = np.full((len(rows), max(map(len, rows))), np.nan)
         for i, row in enumerate(rows):
             grid[i, :len(row)] = row
-        top = np.nanmax(np.abs(grid))
-        fig.colorbar(ax.imshow(grid, cmap='RdBu_r', vmin=-top, vmax=top, aspect='auto'), ax=ax, shrink=0.8)  # 0 white
-        for (i, j), v in np.ndenumerate(grid if grid.shape[1] <= 12 else []):  # where there is room for them
+        top = max(np.nanmax(np.abs(grid)), 0.01)
+        scale = matplotlib.colors.SymLogNorm(0.01, linscale=0.5, vmin=-top, vmax=top)  # 0 white
+        fig.colorbar(ax.imshow(grid, cmap='RdBu_r', norm=scale, aspect='auto'), ax=ax, shrink=0.8)
+        for (i, j), v in np.ndenumerate(grid if grid.shape[1] <= 12 else []):
             if not np.isnan(v):
                 ax.text(j, i, f'{v:.2f}', ha='center', va='center', fontsize=6, color='w' if abs(v) > top / 2 else 'k')
-        ax.set_xticks(range(grid.shape[1]))
-        ax.set_yticks(range(len(rows)), names(len(rows)))
+        ax.set_xticks(ticks(grid.shape[1]))
+        labels = names(len(rows))
+        ax.set_yticks(ticks(len(rows)), [labels[i] for i in ticks(len(rows))])
         ax.set_xlabel('source (0: the embeddings, then each output in order)', fontsize=8)
         ax.set_ylabel(readers, fontsize=8)
         ax.set_title(f"{name}, iter {last['iter']}", fontsize=8)
@@ -223,24 +233,30 @@ def heatmaps(plt, runs, path, key, written):
 
 
 def beta_figure(plt, runs, path, written):
-    """DDL's beta at each run's last measurement: a histogram per sublayer (its colour from the first sublayer to
-    the last), the legend giving the fractions of the tokens near 0, 1 and 2 (within 0.1: the bins at the ends and
-    the two beside 1)."""
+    """DDL's beta at each run's last measurement: the histogram of each sublayer as a row of a heat map (the fraction
+    of the tokens in each bin) and, beside it, the fractions near 0, 1 and 2 (within 0.1: the bins at the ends and
+    the two beside 1) against the sublayer."""
+    import matplotlib.ticker
+    import numpy as np
     found = [(name, records[-1]) for name, records, _ in runs if 'ddl_beta' in records[-1]]
     if not found:
         return
-    fig, axes = plt.subplots(1, len(found), figsize=(6 * len(found), 3.5), squeeze=False)
-    edges = [2 * i / BETA_BINS for i in range(BETA_BINS + 1)]
-    for ax, (name, last) in zip(axes[0], found):
-        hists = last['ddl_beta']
-        for l, h in enumerate(hists):
-            near = (h[0], h[BETA_BINS // 2 - 1] + h[BETA_BINS // 2], h[-1])
-            ax.stairs(h, edges, color=plt.cm.viridis(l / max(len(hists) - 1, 1)),
-                      label=f"l = {l + 1}: near 0, 1, 2: " + ', '.join(f'{f:.0%}' for f in near))
-        ax.set_title(f"{name}, iter {last['iter']}", fontsize=8)
-        ax.set_xlabel('β (DDL): 0 keeps x, 1 sets <k, x> = v, 2 reflects')
-        ax.set_ylabel('fraction of the tokens')
-        ax.legend(fontsize=6, loc='upper left', bbox_to_anchor=(1.01, 1))
+    fig, axes = plt.subplots(len(found), 2, figsize=(10, 3.5 * len(found)), squeeze=False,
+                             gridspec_kw={'width_ratios': (3, 2)})
+    for (hist_ax, near_ax), (name, last) in zip(axes, found):
+        hists = np.array(last['ddl_beta'])  # (sublayers, BETA_BINS)
+        shown = hist_ax.imshow(hists, cmap='viridis', aspect='auto', vmin=0, interpolation='nearest',
+                               extent=(0, 2, len(hists) + 0.5, 0.5))
+        fig.colorbar(shown, ax=hist_ax, shrink=0.8, label='fraction of the tokens')
+        hist_ax.set(xlabel='β (DDL): 0 keeps x, 1 sets <k, x> = v, 2 reflects', ylabel=SUBLAYER)
+        hist_ax.set_title(f"{name}, iter {last['iter']}", fontsize=8)
+        near = {'near 0': hists[:, 0], 'near 1': hists[:, BETA_BINS // 2 - 1] + hists[:, BETA_BINS // 2],
+                'near 2': hists[:, -1]}
+        for style, (label, fraction) in zip(('-', '--', ':'), near.items()):
+            near_ax.plot(range(1, len(hists) + 1), fraction, style, marker='.', label=label)
+        near_ax.set(xlabel=SUBLAYER, ylabel='fraction of the tokens (within 0.1)', ylim=(0, 1))
+        near_ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        near_ax.legend(fontsize=7)
     fig.tight_layout()
     save(fig, path, written)
 

@@ -7,14 +7,16 @@ out-compare/ladder; folders CONFIG-n_layerL-sS as compare.py names them):
      and its typical gain (map_rms), at the last dynamics record, by rule and depth;
   3. HC's and mHC's composite mixing gain against sublayer at 32 layers (forward: max |row sum| and max sum of a
      row's |entries|; backward: the same of the columns), the analogue of mHC's Fig. 3 (b);
-  4. with --ablate, each ablation's change in validation loss at 16 layers (tools/ablate.py on seeds 1-3, mean ± s.e.).
+  4. each mechanism's own weights by depth: DDL's beta, Attention Residuals' depth weights, DenseFormer's weights;
+  5. with --ablate, each ablation's change in validation loss at 16 layers (tools/ablate.py on seeds 1-3, mean ± s.e.).
 
     python docs/logs/depth_ladder/table.py [--out=out-compare/ladder] [--ablate] [--collect] [--plots=docs]
 
---collect copies the finished runs' logs (log.jsonl, config.json, dynamics.jsonl) to runs/ beside this file, where the
-tables read them when OUT is gone; --plots writes ladder_loss.png (final val loss against depth) and ladder_gain.png
-(map_max and map_rms from the first sublayer against depth) to a folder. HC's and mHC's composite gains by sublayer at
-32 layers, as figures: python tools/plot_dynamics.py OUT/shakespeare_hc-n_layer32-s1 OUT/shakespeare_mhc-n_layer32-s1.
+--collect copies the finished runs' logs (log.jsonl, config.json, dynamics.jsonl, and ablate.md, the ablations'
+table) to runs/ beside this file, where the tables read them when OUT is gone; --plots writes ladder_loss.png (final
+val loss against depth) and ladder_gain.png (map_max and map_rms from the first sublayer against depth) to a folder.
+HC's and mHC's composite gains by sublayer at 32 layers, as figures: python tools/plot_dynamics.py
+OUT/shakespeare_hc-n_layer32-s1 OUT/shakespeare_mhc-n_layer32-s1.
 """
 
 import argparse
@@ -119,6 +121,7 @@ def tables(found, ablate):
                          for v in pair]
                 out.append(f"\n`{c}` at 32 layers, composite {way} gain ({WAYS[size]}) by sublayer 1-64: "
                            + ', '.join(f"{g:.3g}" for g in gains))
+    out += mechanisms(found)
     if ablate:
         out += ['', '| rule at 16 layers | ablation | change in val loss, seeds 1-3 (mean ± s.e.) |', '|---|---|---|']
         for c in configs:
@@ -132,13 +135,47 @@ def tables(found, ablate):
     return '\n'.join(out)
 
 
+def mechanisms(found):
+    """Table 4's lines: at each depth's last record (seed 1), DDL's beta (its mean over tokens and sublayers, from the
+    histograms' bin centres, and the mean fractions within 0.1 of 0, 1 and 2), Attention Residuals' depth weights
+    (each read's entropy over its log(sources), 1 when uniform, the mean over the reads from 2 sources on; and the
+    output read's largest weight and its source) and DenseFormer's weights (the last block's on the embeddings, on its
+    own output, and the sum of its |weights| on the other sources)."""
+    stats = {
+        'ddl_beta': ('DDL: mean β; fraction near 0, 1, 2', lambda h: '{:.2f}; {:.0%}, {:.0%}, {:.0%}'.format(
+            statistics.mean(sum((i + 0.5) / len(r) * 2 * f for i, f in enumerate(r)) for r in h),
+            *(statistics.mean(r[i] + (r[i - 1] if i == len(r) // 2 else 0) for r in h)
+              for i in (0, len(h[0]) // 2, len(h[0]) - 1)))),
+        'attnres_weights': ('Attention Residuals: entropy / log(sources); output read: largest α (source)',
+                            lambda w: '{:.3f}; {:.2f} ({})'.format(
+                                statistics.mean(-sum(a * math.log(a) for a in r if a > 0) / math.log(len(r))
+                                                for r in w if len(r) > 1), max(w[-1]), w[-1].index(max(w[-1])))),
+        'denseformer_alpha': ('DenseFormer: last block on embeddings, on its own output; Σ|others|',
+                              lambda a: f"{a[-1][0]:+.3f}, {a[-1][-1]:.3f}; {sum(map(abs, a[-1][1:-1])):.3f}")}
+    out = []
+    for key, (title, cell) in stats.items():
+        records = {d: run.dynamics for (c, d, s), run in found.items() if s == 1 and run.dynamics and key in
+                   run.dynamics}
+        if records:
+            out += ['', f'| {title} | ' + ' | '.join(f"{d} layers" for d in DEPTHS) + ' |',
+                    '|---|' + '---|' * len(DEPTHS),
+                    '| | ' + ' | '.join(cell(records[d][key]) if d in records else '-' for d in DEPTHS) + ' |']
+    return out
+
+
 def ablations(folder):
-    """{ablation: change in val loss} of tools/ablate.py on a run (none for a rule without ablations)."""
-    done = subprocess.run([sys.executable, 'tools/ablate.py', f'--out_dir={folder}'], cwd=ROOT, capture_output=True,
-                          text=True)
-    if done.returncode and 'no ablation' not in done.stderr:
-        raise SystemExit(f"tools/ablate.py --out_dir={folder} failed: {(done.stderr.strip() or '?').splitlines()[-1]}")
-    rows = [line.split('|') for line in done.stdout.splitlines() if line.startswith('| ') and '(as trained)' not in line]
+    """{ablation: change in val loss} of tools/ablate.py on a run (none for a rule without ablations). Its table is
+    kept as ablate.md in the run's folder and read from there while it is newer than the checkpoint."""
+    kept, ckpt = os.path.join(folder, 'ablate.md'), os.path.join(folder, 'best.pt')
+    if not os.path.exists(kept) or os.path.exists(ckpt) and os.path.getmtime(ckpt) > os.path.getmtime(kept):
+        done = subprocess.run([sys.executable, 'tools/ablate.py', f'--out_dir={folder}'], cwd=ROOT,
+                              capture_output=True, text=True)
+        if done.returncode and 'no ablation' not in done.stderr:
+            raise SystemExit(f"tools/ablate.py --out_dir={folder} failed: "
+                             f"{(done.stderr.strip() or '?').splitlines()[-1]}")
+        with open(kept, 'w') as f:
+            f.write(done.stdout)
+    rows = [line.split('|') for line in open(kept) if line.startswith('| ') and '(as trained)' not in line]
     return {r[1].strip(): float(r[3]) for r in rows if r[3].strip() not in ('', '-', 'change')}
 
 
@@ -147,7 +184,7 @@ def collect(found):
     for folder in (run.folder for run in found.values()):
         dest = os.path.join(HERE, 'runs', os.path.basename(folder))
         os.makedirs(dest, exist_ok=True)
-        for f in ('log.jsonl', 'config.json', 'dynamics.jsonl'):
+        for f in ('log.jsonl', 'config.json', 'dynamics.jsonl', 'ablate.md'):
             if os.path.exists(os.path.join(folder, f)):
                 shutil.copyfile(os.path.join(folder, f), os.path.join(dest, f))
 
@@ -193,9 +230,8 @@ if __name__ == '__main__':
     p.add_argument('--plots', metavar='FOLDER', help='write ladder_loss.png and ladder_gain.png there')
     args = p.parse_args()
     out = args.out or os.path.join(ROOT, 'out-compare', 'ladder')
-    if not os.path.isdir(out) and (args.out or args.collect or args.ablate):
-        p.error(f"{out} is not a folder: --out names the ladder's runs, which --collect and --ablate need (the "
-                f"ablations read their checkpoints)")
+    if not os.path.isdir(out) and (args.out or args.collect):
+        p.error(f"{out} is not a folder: --out names the ladder's runs, which --collect needs")
     found = runs(out if os.path.isdir(out) else os.path.join(HERE, 'runs'))
     if args.collect:
         collect(found)
