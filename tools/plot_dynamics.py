@@ -5,24 +5,23 @@ Manifold-Constrained Hyper-Connections", arXiv:2512.24880, Fig. 3 and 7.
 
     python tools/plot_dynamics.py out-shakespeare-add-cpu out-shakespeare-ortho-cpu --out out-plots/dynamics
 
-Reads OUT_DIR/dynamics.jsonl and OUT_DIR/log.jsonl of each run and writes, per statistic
-(stream norm ||x||^2, ||f_par||^2, ||f_perp||^2, cos(x, f), and theta = ||f_perp|| / ||x||, the
-rotation angle on the sphere; for mHC, H_res's off-diagonal mass, its Frobenius distance from I
-and, where it is orthogonal, its rotation angle: orthogpt/diagnostics.py's mixing_stats),
-OUT_<stat>.png: attention and MLP rows, one column per block, one colour per run, H_res's on a
-symmetric log scale (linear below 1e-3, so that 0 shows); OUT_stream_by_depth.png, ||x||² of what each
-sublayer's branch read at the last measurement against depth, a line per run (whether the stream grows with depth,
-as Attention Residuals, Kimi Team, arXiv:2603.15031, Sec. 5.2, report of PreNorm); and OUT_effective_rank.png, the
-effective rank of the final representation at each evaluation. At the last measurement, against the sublayer
-(or the last that measured it: the stream map's gains come less often; docs/rules.md, "Diagnostics across
-depth", defines each): OUT_magnitudes.png, each sublayer's output and the
+Reads OUT_DIR/dynamics.jsonl and OUT_DIR/log.jsonl of each run and writes, per statistic (stream norm ||x||^2,
+||f_par||^2, ||f_perp||^2, cos(x, f), and theta = ||f_perp|| / ||x||, the rotation angle on the sphere; for mHC,
+H_res's off-diagonal mass, its Frobenius distance from I and, where it is orthogonal, its rotation angle:
+orthogpt/diagnostics.py's mixing_stats), OUT_<stat>.png: attention and MLP rows, one column per block (8 evenly
+spaced beyond 8), one colour per run, H_res's on a symmetric log scale (linear below 1e-3, so that 0 shows);
+OUT_stream_by_depth.png, ||x||² of what each sublayer's branch read at the last measurement against depth, a line
+per run (whether the stream grows with depth, as Attention Residuals, Kimi Team, arXiv:2603.15031, Sec. 5.2, report
+of PreNorm); and OUT_effective_rank.png, the effective rank of the final representation at each evaluation. At the
+last measurement, against the sublayer (or the last that measured it: the stream map's gains come less often;
+docs/rules.md, "Diagnostics across depth", defines each): OUT_magnitudes.png, each sublayer's output and the
 gradient of the loss at it and at its branch output; OUT_stream_gain.png, the gain of the stream map from each
 sublayer to the end, its largest and its root-mean-square singular value; for the wide rules OUT_mixing_gain.png,
-the row (forward) and column (backward) sums of H_res, each sublayer's and the composite from it to the last
-(mHC's Fig. 3 (a) and (b)); and each mechanism's own weights: OUT_attnres_weights.png (Attention Residuals'
-alpha_{i->l}, a heat map), OUT_denseformer_alpha.png (DenseFormer's weights, a heat map) and OUT_ddl_beta.png
-(DDL's beta, a histogram per sublayer as a heat map, and the fractions within 0.1 of 0, 1 and 2). Prints each run's
-last measurement of every statistic, the mean over its sublayers.
+the row (forward) and column (backward) sums of H_res, each sublayer's and the composite from it to the last (mHC's
+Fig. 3 (a) and (b)); and each mechanism's own weights: OUT_attnres_weights.png (Attention Residuals' alpha_{i->l}, a
+heat map), OUT_denseformer_alpha.png (DenseFormer's weights, a heat map) and OUT_ddl_beta.png (DDL's beta, a
+histogram per sublayer as a heat map, and the fractions within 0.1 of 0, 1 and 2). Prints each run's last
+measurement of every statistic, the mean over its sublayers.
 """
 
 import json
@@ -38,6 +37,7 @@ TITLES = {'stream_sq': '||x||²', 'par_sq': '||f_par||²', 'perp_sq': '||f_perp|
           'theta': 'θ = ||f_perp|| / ||x||', 'res_offdiag': 'H_res off-diagonal mass', 'res_dist': '||H_res - I||_F',
           'res_angle': 'H_res rotation angle (rad)'}
 LOG_SCALE = ('res_offdiag', 'res_dist', 'res_angle')  # from 0 or 1e-3 at init to order 1
+COLUMNS = 8  # the most blocks a per-block figure draws
 SUBLAYER = 'sublayer l (attention, MLP, attention, ...)'
 # the figures against the sublayer: (name, [(panel title, [(stat, line style, legend)])])
 BY_DEPTH = [
@@ -123,24 +123,29 @@ def main(argv=None):
 
 def stat_figures(plt, runs, out, written):
     """OUT_<stat>.png for each of STATS that some run measured: attention and MLP rows, a column per block, the
-    statistic against the iteration, a line per run."""
+    statistic against the iteration, a line per run. Beyond COLUMNS blocks, COLUMNS of them evenly spaced from the
+    first to the last (a column per block of 32 made a figure 9,000 px wide): the figures against the sublayer show
+    every one at the last measurement."""
     n_blocks = max(len(records[0]['attn']['cos']) for _, records, _ in runs)
+    blocks = sorted({round(i * (n_blocks - 1) / (COLUMNS - 1)) for i in range(COLUMNS)}) if n_blocks > COLUMNS \
+        else range(n_blocks)
     for stat in STATS:
         drawn = [name for name, records, _ in runs
                  if any(v is not None for r in records for sub in ('attn', 'mlp') for v in measured(r, sub, stat))]
         if not drawn:
             continue  # a statistic no run measured (H_res of one-stream rules, logs of older runs)
         legend_rows = -(-len(drawn) // 3)  # a legend of three columns
-        fig, axes = plt.subplots(2, n_blocks, figsize=(2.6 * n_blocks, 4.6 + 0.2 * legend_rows), squeeze=False,
+        fig, axes = plt.subplots(2, len(blocks), figsize=(2.6 * len(blocks), 4.6 + 0.2 * legend_rows), squeeze=False,
                                  sharex=True)
         for row, sub in enumerate(('mlp', 'attn')):
-            for block in range(n_blocks):
-                ax = axes[row][block]
+            for column, block in enumerate(blocks):
+                ax = axes[row][column]
                 for color, (name, records, _) in enumerate(runs):
                     points = [(r['iter'], v[block]) for r in records for v in [measured(r, sub, stat)]
                               if block < len(v) and v[block] is not None]
                     if points:
-                        ax.plot(*zip(*points), color=f'C{color}', lw=1, label=name)
+                        # a marker, so that a run of one record shows
+                        ax.plot(*zip(*points), color=f'C{color}', lw=1, marker='.', ms=3, label=name)
                 if stat == 'cos':
                     ax.axhline(0, color='k', ls='--', lw=0.8)
                 if stat in LOG_SCALE:

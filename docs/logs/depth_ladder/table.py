@@ -150,7 +150,7 @@ def mechanisms(found):
                             lambda w: '{:.3f}; {:.2f} ({})'.format(
                                 statistics.mean(-sum(a * math.log(a) for a in r if a > 0) / math.log(len(r))
                                                 for r in w if len(r) > 1), max(w[-1]), w[-1].index(max(w[-1])))),
-        'denseformer_alpha': ('DenseFormer: last block on embeddings, on its own output; Σ|others|',
+        'denseformer_alpha': (r'DenseFormer: last block on embeddings, on its own output; Σ\|others\|',
                               lambda a: f"{a[-1][0]:+.3f}, {a[-1][-1]:.3f}; {sum(map(abs, a[-1][1:-1])):.3f}")}
     out = []
     for key, (title, cell) in stats.items():
