@@ -174,7 +174,7 @@ def ablations(folder):
             raise SystemExit(f"tools/ablate.py --out_dir={folder} failed: "
                              f"{(done.stderr.strip() or '?').splitlines()[-1]}")
         with open(kept, 'w') as f:
-            f.write(done.stdout)
+            f.write(done.stdout or done.stderr)  # a rule without ablations: the reason
     rows = [line.split('|') for line in open(kept) if line.startswith('| ') and '(as trained)' not in line]
     return {r[1].strip(): float(r[3]) for r in rows if r[3].strip() not in ('', '-', 'change')}
 
@@ -233,9 +233,10 @@ if __name__ == '__main__':
     if not os.path.isdir(out) and (args.out or args.collect):
         p.error(f"{out} is not a folder: --out names the ladder's runs, which --collect needs")
     found = runs(out if os.path.isdir(out) else os.path.join(HERE, 'runs'))
+    text = tables(found, args.ablate)  # before --collect, which copies the ablations' tables
     if args.collect:
         collect(found)
     if args.plots:
         os.makedirs(args.plots, exist_ok=True)
         plots(found, args.plots)
-    print(tables(found, args.ablate))
+    print(text)
