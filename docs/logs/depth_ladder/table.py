@@ -191,7 +191,7 @@ def collect(found):
 
 def plots(found, folder):
     """ladder_loss.png and ladder_gain.png in folder: a line per rule against depth (seed 1; seeds 1-3's mean and
-    std at 16 layers as an error bar)."""
+    std at 16 layers as an error bar), a loss far above the rest marked at the top edge with its value."""
     import matplotlib
     import matplotlib.ticker
     matplotlib.use('Agg')
@@ -204,9 +204,16 @@ def plots(found, folder):
         seeds = [found[(c, 16, s)].loss for s in (1, 2, 3) if (c, 16, s) in found]
         if len(seeds) > 1:
             ax.errorbar([16], [statistics.mean(seeds)], [statistics.stdev(seeds)], color=f'C{i}', capsize=3)
-    ax.set(xscale='log', xticks=DEPTHS, xticklabels=DEPTHS, xlabel='layers', ylabel='final val loss')
+    losses = [run.loss for (_, _, s), run in found.items() if s == 1]
+    cap = statistics.median(losses) + 0.5  # a run that failed (rotation at 32 layers) would squash the rest
+    for (c, d, s), run in found.items():
+        if s == 1 and run.loss > cap:
+            ax.annotate(f"{c}: {run.loss:.2f} ↑", (d, cap), xytext=(-4, -12), textcoords='offset points', ha='right',
+                        fontsize=7, color=f'C{configs.index(c)}')
+    ax.set(xscale='log', xticks=DEPTHS, xticklabels=DEPTHS, xlabel='layers', ylabel='final val loss',
+           ylim=(None, min(cap, max(losses) + 0.02)))
     ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.01, 1))  # beside the axes: hides no line
     fig.savefig(os.path.join(folder, 'ladder_loss.png'), dpi=110, bbox_inches='tight')
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, stat in zip(axes, ('map_max', 'map_rms')):
