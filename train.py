@@ -36,7 +36,7 @@ from dataclasses import asdict, replace
 import torch
 
 import configure
-from orthogpt import checkpoint, diagnostics, errors, hf, lock, logs, parallel
+from orthogpt import checkpoint, diagnostics, errors, hf, lock, logs, parallel, resume
 from orthogpt.errors import UserError
 from orthogpt.estimate import check_cpu_run, format_time
 from orthogpt.files import write_text
@@ -56,26 +56,30 @@ def main(argv=None):
     given = set()
     cfg = configure.load(argv, given=given)
     was_deterministic = torch.are_deterministic_algorithms_enabled()
-    env = parallel.setup(cfg)
-    fresh, failed = not os.path.exists(cfg.out_dir), False
-    try:
-        with parallel.master_holds(env, lambda: lock.hold(cfg.out_dir)):  # one run writes an out_dir
-            try:
-                train(cfg, env, argv, given)
-            except BaseException:
-                failed = fresh and env.master and discard(cfg.out_dir)
-                raise
-    finally:
-        if failed:  # its lock released: the folder this run made, empty now
-            with suppress(OSError):
-                os.rmdir(cfg.out_dir)
-        torch.use_deterministic_algorithms(was_deterministic)
-        parallel.teardown(env)
+    with parallel.peers_lost(cfg):  # a process or machine of the run lost: one line, not the backend's traceback
+        env = parallel.setup(cfg)
+        fresh, failed = not os.path.exists(cfg.out_dir), False
+        try:
+            with parallel.master_holds(env, lambda: lock.hold(cfg.out_dir)):  # one run writes an out_dir
+                try:
+                    train(cfg, env, argv, given)
+                except BaseException:
+                    failed = fresh and env.master and discard(cfg.out_dir)
+                    raise
+        finally:
+            if failed or (fresh and env.master and sys.exc_info()[0]):  # its lock released: the folder this run
+                with suppress(OSError):  # made, empty now (a folder that holds anything stays)
+                    os.rmdir(cfg.out_dir)
+            torch.use_deterministic_algorithms(was_deterministic)
+            parallel.teardown(env)
 
 
 def train(cfg, env, argv, given):
     # ------------------------------------------------------------------ setup: data, model, optimizer
-    cfg, ckpt, pretrained = starting_point(cfg, env, given)
+    start = starting_point(cfg, env, given)
+    if start is None:  # --init_from=auto found the run complete
+        return
+    cfg, ckpt, pretrained = start
     run = setup(cfg, env, pretrained, count_flops=not cfg.eval_only)
     cfg, c = run.cfg, run.counters
     # ------------------------------------------------------------------ resume: weights, counters, data, RNG
@@ -191,27 +195,70 @@ def describe(metrics):
 
 def starting_point(cfg, env, given):
     """(cfg, checkpoint, pretrained state): what the run starts from, a checkpoint of its own to
-    resume (--init_from=resume), pretrained weights (a GPT-2 name or a Hugging Face folder), or
-    nothing. Pretrained weights fix the architecture, for the run and for its resumptions."""
-    if cfg.init_from == 'resume':
-        ckpt, path, refused = checkpoint.load_latest(cfg.out_dir)
+    resume (--init_from=resume, or --init_from=auto where out_dir holds one), pretrained weights (a
+    GPT-2 name or a Hugging Face folder), or nothing. Pretrained weights fix the architecture, for
+    the run and for its resumptions. A run that its launcher restarted (restarted()) continues as
+    with --init_from=auto. None where auto finds the run complete, after a line that says so:
+    nothing is read or written then."""
+    if cfg.init_from in ('resume', 'auto') or restarted():
+        ckpt, path, refused = newest(cfg, env)
+        if ckpt is None:  # nothing to continue: a fresh start
+            return starting_fresh(cfg, given)
+        asked, saved = cfg.init_from, configure.from_dict(ckpt['config'])
+        if hf.is_pretrained(saved.init_from):  # the saved architecture again; the weights' origin kept
+            cfg = replace(hf.adopt(cfg, asdict(configure.model_config(saved)), given), init_from=saved.init_from)
+        if asked != 'resume' and not cfg.eval_only and ckpt['iter_num'] == cfg.max_iters == ckpt['last_eval']:
+            found = resume.problems(saved, cfg)
+            if found:
+                raise UserError(resume.refusal(cfg.out_dir, found))
+            if env.master:
+                print(f"{cfg.out_dir} holds a complete run: iteration {ckpt['iter_num']} of max_iters={cfg.max_iters}, "
+                      f"best val loss {ckpt['best_val_loss']:.4f}; nothing to do (to train on, raise --max_iters; for "
+                      f"another run, give another --out_dir)")
+            return None
         if env.master:
             for group in refused:  # a line per damaged file, its other names in it
                 print(f"warning: {checkpoint.report([group])}")
             print(f"resuming from {path} (iteration {ckpt['iter_num']})"
                   + (", the newest checkpoint that verifies" if refused else ""))
-        saved = configure.from_dict(ckpt['config'])
-        if hf.is_pretrained(saved.init_from):  # the saved architecture again; the weights' origin kept
-            cfg = replace(hf.adopt(cfg, asdict(configure.model_config(saved)), given), init_from=saved.init_from)
         return cfg, ckpt, None
+    return starting_fresh(cfg, given)
+
+
+def starting_fresh(cfg, given):
+    """(cfg, None, pretrained state or None) of a run that starts from scratch or from pretrained weights,
+    refused where out_dir holds a checkpoint that it would overwrite."""
     path = os.path.join(cfg.out_dir, 'ckpt.pt')
     if os.path.exists(path):
-        raise UserError(f"{path} exists and a new run would overwrite it; continue it with --init_from=resume, or "
-                        f"pick another --out_dir (or delete the old one)")
+        raise UserError(f"{path} exists and a new run would overwrite it; continue it with --init_from=auto (or "
+                        f"--init_from=resume), or pick another --out_dir (or delete the old one)")
     if hf.is_pretrained(cfg.init_from):
         keys, state = hf.read(cfg.init_from)
         return hf.adopt(cfg, keys, given), None, state
     return cfg, None, None
+
+
+def restarted():
+    """Whether torchrun restarted this process's group (--max-restarts), or Slurm requeued its job: the same
+    command again, which continues the run in out_dir where it holds a checkpoint, whatever init_from says."""
+    return any(int(os.environ.get(k) or 0) for k in ('TORCHELASTIC_RESTART_COUNT', 'SLURM_RESTART_COUNT'))
+
+
+def newest(cfg, env):
+    """(checkpoint, path, refused) that a resume continues: the newest checkpoint in out_dir that
+    verifies, found by rank 0 and read by every process; refused: [(names, why)] of rank 0's newer
+    files that did not verify. (None, None, []) where --init_from=auto finds no checkpoint there."""
+    found = {}
+
+    def find():
+        if cfg.init_from != 'resume' and not checkpoint.candidates(cfg.out_dir):
+            return None
+        found['ckpt'], path, found['refused'] = checkpoint.load_latest(cfg.out_dir)
+        return path
+    path = parallel.decided(env, find)
+    if path is None:
+        return None, None, []
+    return parallel.every_rank(env, lambda: found.get('ckpt') or checkpoint.load(path)), path, found.get('refused', [])
 
 
 def announce(run, log, pretrained):

@@ -38,7 +38,7 @@ class Config(GPTConfig, ViTConfig):
     rule_module: str | None = None  # a module defining residual's rule outside model.py, imported first; recorded by itself
     # output, evaluation, logging
     out_dir: str = 'out'  # the run's folder: checkpoints, log.jsonl, config.json
-    init_from: str = 'scratch'  # 'scratch', 'resume', or pretrained weights: a GPT-2 name or a Hugging Face folder
+    init_from: str = 'scratch'  # 'scratch', 'resume', 'auto' (resume where out_dir holds a checkpoint, else scratch), or pretrained weights: a GPT-2 name or a Hugging Face folder
     reset_optimizer: bool = False  # on resume: a fresh optimizer state and a schedule restarted there
     keep_last_n: int = 2  # also keep the last n checkpoints as ckpt-<iter>.pt (0: none)
     eval_interval: int = 250  # iterations between evaluations (and checkpoints)
@@ -92,6 +92,7 @@ class Config(GPTConfig, ViTConfig):
     dtype: Literal['auto', 'float32', 'bfloat16', 'float16'] = 'auto'  # auto: bf16/fp16 on CUDA, fp32 elsewhere
     compile: bool | None = None  # torch.compile; default: on for CUDA only
     seed: int = 1337  # seeds the weights, the data order and every random draw
+    dist_timeout: float = 600.0  # seconds a process waits for the others in a collective (torchrun): past it a silent machine ends the run (docs/cluster.md)
     deterministic: bool = False  # torch.use_deterministic_algorithms (bit-exact reruns on one GPU)
     nan_policy: Literal['stop', 'skip'] = 'stop'  # on a non-finite loss/gradient: stop, or skip the step
     nan_max_skips: int = 10  # 'skip': stop after this many consecutive skipped steps
@@ -126,6 +127,9 @@ class Config(GPTConfig, ViTConfig):
         for key in ('beta1', 'beta2', 'muon_momentum'):
             if not 0 <= getattr(self, key) < 1:
                 raise ValueError(f"{key}={getattr(self, key)} must lie in [0, 1)")
+        if not self.dist_timeout > 0:
+            raise ValueError(f"dist_timeout={self.dist_timeout} must be positive: the seconds a process waits for the "
+                             f"others in a collective")
         if not self.learning_rate > 0:
             raise ValueError(f"learning_rate={self.learning_rate} must be positive: the schedule scales every "
                              f"group's rate by its fraction of it")

@@ -138,14 +138,14 @@ def gpt2_state(tensors):
 
 
 def is_pretrained(init_from):
-    """Whether the config value init_from names weights to start from (not 'scratch' or 'resume')."""
-    return init_from not in ('scratch', 'resume')
+    """Whether the config value init_from names weights to start from (not 'scratch', 'resume' or 'auto')."""
+    return init_from not in ('scratch', 'resume', 'auto')
 
 
 def read(name_or_dir):
     """(GPTConfig keys, state dict) of pretrained weights, or a UserError saying why not."""
     if not os.path.isdir(name_or_dir) and name_or_dir not in GPT2_HUB:
-        raise UserError(f"init_from={name_or_dir!r} is neither 'scratch', 'resume', a GPT-2 name "
+        raise UserError(f"init_from={name_or_dir!r} is neither 'scratch', 'resume', 'auto', a GPT-2 name "
                         f"({', '.join(GPT2_HUB)}) nor a folder")
     if name_or_dir in GPT2_HUB and not os.path.isdir(name_or_dir):
         hub.offline()  # out of reach: the hub's cache alone, at once

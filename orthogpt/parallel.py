@@ -1,11 +1,16 @@
 """This process among torchrun's: its rank, device and dtype; the run's lock, held by rank 0; the
-model wrapped for DDP or sharded by FSDP2; how a micro-step synchronises gradients; and the end of
-the process group."""
+model wrapped for DDP or sharded by FSDP2; how a micro-step synchronises gradients; what every
+process must agree on (a verdict of rank 0's, a check that each makes for itself); a lost process
+or machine as one line; and the end of the process group."""
 
 import os
+import re
+import socket
 import sys
-from contextlib import nullcontext
+import time
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -17,8 +22,12 @@ from torch.nn.utils import parametrize
 
 from orthogpt.maps import maps_held
 from orthogpt.device import autocast, resolve_device, resolve_dtype
-from orthogpt.errors import UserError
+from orthogpt.errors import UserError, one_line
 from orthogpt.signals import stop_with_parent
+
+# torchrun's agents share one rendezvous store with their workers by default, and a restarted group can read the dead
+# group's addresses from it (pytorch/pytorch#135712): its gloo or NCCL setup then fails or hangs
+SHARED_STORE = 'TORCH_DISABLE_SHARE_RDZV_TCP_STORE'
 
 
 @dataclass
@@ -63,6 +72,7 @@ def setup(cfg):
         raise UserError("parallel='fsdp' computes in bfloat16 or float32 here (float16 would need a sharded loss "
                         "scaler): use --dtype=bfloat16")
     if ddp:
+        restartable_store()
         stop_with_parent()  # torchrun's agent: if it is killed, stop (and save) rather than train on as an orphan
         rank, local_rank, world = (int(os.environ[k]) for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE'))
         if cfg.gradient_accumulation_steps % world:
@@ -71,7 +81,7 @@ def setup(cfg):
         if device_type == 'cuda':
             device = f'cuda:{local_rank}'
             torch.cuda.set_device(device)
-        dist.init_process_group('nccl' if device_type == 'cuda' else 'gloo')
+        dist.init_process_group('nccl' if device_type == 'cuda' else 'gloo', timeout=timedelta(seconds=cfg.dist_timeout))
     if device_type == 'cuda' and dtype == 'float32':  # else TF32 would only blur the orthogonal Q/K/V maps
         torch.set_float32_matmul_precision('high')
     if cfg.deterministic:
@@ -81,20 +91,117 @@ def setup(cfg):
     return Env(rank, local_rank, world, ddp, fsdp, device, dtype, autocast(device_type, dtype))
 
 
+def restartable_store():
+    """A UserError where torchrun may restart its workers (--max-restarts) into the rendezvous store it shares
+    with them: a restart would read the dead workers' addresses and fail or hang (SHARED_STORE)."""
+    if os.environ.get('TORCHELASTIC_USE_AGENT_STORE') == 'True' and int(os.environ.get('TORCHELASTIC_MAX_RESTARTS', 0)):
+        raise UserError(f"torchrun --max-restarts restarts the workers into the rendezvous store they share with it, "
+                        f"where the dead workers' addresses remain, and the restart fails or hangs "
+                        f"(pytorch/pytorch#135712): give torchrun its own store per restart with {SHARED_STORE}=1 in its "
+                        f"environment, `{SHARED_STORE}=1 torchrun ...` (docs/cluster.md)")
+
+
 def master_holds(env, acquire):
     """What acquire() returns (the run's lock on out_dir) on rank 0, which writes for all; a context
     that holds nothing on the others. Under torchrun every process learns whether rank 0 got it,
-    and all raise its UserError together if not."""
-    held, error = nullcontext(), None
+    and all raise its UserError together if not; then every process checks that it sees rank 0's
+    lock file, which a folder that is not shared between the machines lacks (shared_folder)."""
+    held = nullcontext()
+
+    def take():
+        nonlocal held
+        held = acquire()
+        return held.path
+    path = decided(env, take)
+    try:
+        if env.ddp:
+            every_rank(env, lambda: shared_folder(path))
+    except UserError:
+        if env.master:
+            held.release()
+        raise
+    return held
+
+
+def decided(env, decide):
+    """What decide() returns on rank 0, learnt by every process under torchrun; a UserError that it
+    raises, raised by every process."""
+    result, error = None, None
     if env.master:
         try:
-            held = acquire()
+            result = decide()
         except UserError as e:
             error = str(e)
-    error = verdict(error, env.ddp)
+    if env.ddp:
+        box = [(result, error)]
+        dist.broadcast_object_list(box, src=0)
+        result, error = box[0]
+        if error:
+            dist.barrier()  # as in verdict: the broadcast's buffers freed before the process group is torn down
     if error:
         raise UserError(error)
-    return held
+    return result
+
+
+SHARED_WAIT = 10  # seconds a process looks for rank 0's lock file: a network file system may show a new file late
+
+
+def shared_folder(lock_path):
+    """A UserError where this process does not see the lock file that rank 0 holds at lock_path:
+    out_dir lies on a disk of rank 0's machine alone, and this machine's checkpoints would go astray."""
+    deadline = time.monotonic() + SHARED_WAIT
+    while not os.path.exists(lock_path):
+        if time.monotonic() > deadline:
+            folder = os.path.dirname(lock_path)
+            raise UserError(f"{folder} is not the folder that rank 0 writes: its lock file {lock_path} is missing "
+                            f"here. out_dir must lie on a file system that every machine of the run shares, at the "
+                            f"same path (docs/cluster.md)")
+        time.sleep(0.5)
+
+
+def every_rank(env, check):
+    """check() in every process; where it raises a UserError in any of them, every process raises
+    one, naming the process and its machine where not all failed, rather than the others going on into
+    a collective that the failed ones never reach. What check() returned, in this process."""
+    error, result = None, None
+    try:
+        result = check()
+    except UserError as e:
+        error = str(e)
+    if not env.ddp:
+        if error:
+            raise UserError(error)
+        return result
+    found = [None] * env.world
+    dist.all_gather_object(found, error and (env.rank, socket.gethostname(), error))
+    failed = [f for f in found if f]
+    if failed:
+        dist.barrier()  # as in verdict: the gather's buffers freed before the process group is torn down
+        rank, host, text = failed[0]
+        raise UserError(text if len(failed) == env.world else f"on {host} (rank {rank} of {env.world}): {text}")
+    return result
+
+
+def lost(error):
+    """Whether an exception is a collective's failure: another process of the run gone (killed,
+    its machine lost) or silent past the process group's timeout (gloo's RuntimeError, NCCL's DistError)."""
+    return isinstance(error, dist.DistError) or (isinstance(error, RuntimeError) and 'gloo' in str(error).lower())
+
+
+@contextmanager
+def peers_lost(cfg):
+    """A process's end when another process of the run is lost, as one line that says what is
+    kept and how to continue, rather than the backend's traceback."""
+    try:
+        yield
+    except RuntimeError as e:
+        if 'RANK' not in os.environ or not lost(e):
+            raise
+        why = one_line(re.sub(r'^(\[[^\]]*\]\s*)+', '', str(e).strip()), limit=120)
+        raise UserError(f"this process lost the run's other processes ({why}): one of them, or its machine, ended, "
+                        f"or sent nothing for dist_timeout={cfg.dist_timeout:g} s. The checkpoints in "
+                        f"{cfg.out_dir} are kept as they were; the same command with --init_from=auto continues "
+                        f"from the newest") from None
 
 
 def verdict(message, ddp):

@@ -52,6 +52,11 @@ def problems(saved, cfg):
     return found
 
 
+def refusal(out_dir, found):
+    """The one line that refuses to continue the run in out_dir, with the problems found (problems())."""
+    return f"cannot resume from {out_dir} with this config: " + '; '.join(found)
+
+
 def changes(saved, cfg):
     """{key: [saved value, new value]} of every recorded key the run changes."""
     old, new = asdict(saved), asdict(cfg)

@@ -95,7 +95,7 @@ class Run:
             problems.append(f"max_iters={cfg.max_iters} lies before the checkpoint's iteration {ckpt['iter_num']}; "
                             f"resume with --max_iters={ckpt['iter_num']} or more (or evaluate it: --eval_only=True)")
         if problems:
-            raise UserError(f"cannot resume from {cfg.out_dir} with this config:\n  " + "\n  ".join(problems))
+            raise UserError(resume.refusal(cfg.out_dir, problems))
         checkpoint.load_weights(self.raw_model, ckpt, os.path.join(cfg.out_dir, 'ckpt.pt'),
                                 None if cfg.reset_optimizer else self.optimizer)
         self.counters = c = Counters(**{f.name: ckpt[f.name] for f in fields(Counters) if f.name in ckpt})
@@ -123,7 +123,8 @@ def setup(cfg, env, pretrained=None, count_flops=False):
     every process's own random stream (dropout, stochastic connections). count_flops: rank 0 counts
     a training step's FLOPs first, on the model alone (not yet sharded), its random draws undone by
     that seeding."""
-    task = make_task(cfg, env.device, env.rank, env.world)
+    # data that one machine lacks stops every process with its line, not the others in their next collective
+    task = parallel.every_rank(env, lambda: make_task(cfg, env.device, env.rank, env.world))
     cfg = task.cfg  # with the dataset's vocabulary, or its images' shape
     seed_all(cfg.seed)
     raw_model = task.model()

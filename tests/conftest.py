@@ -30,6 +30,16 @@ if int(os.environ.get('PYTEST_XDIST_WORKER_COUNT', 1)) > 1:
     os.environ['OMP_NUM_THREADS'] = str(thread_share(int(os.environ['PYTEST_XDIST_WORKER_COUNT'])))
     torch.set_num_threads(int(os.environ['OMP_NUM_THREADS']))
 
+def pytest_configure(config):
+    config.addinivalue_line('markers', "slow: a test of many processes or a long run; CI runs it, first (below)")
+
+
+def pytest_collection_modifyitems(items):
+    """The slow tests first: pytest-xdist's workers then start on them while the quick ones fill the gaps,
+    rather than one worker ending the suite alone on a long test."""
+    items.sort(key=lambda item: item.get_closest_marker('slow') is None)
+
+
 # a 2-layer model that trains in seconds on the CPU; tests add the keys they exercise
 TINY = ['--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=8', '--eval_iters=4',
         '--log_interval=5', '--warmup_iters=5', '--learning_rate=1e-2', '--device=cpu', '--compile=False']

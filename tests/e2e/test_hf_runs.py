@@ -90,7 +90,7 @@ def test_other_vocabularies_and_missing_checkpoints_are_refused(tmp_path, char_d
     with pytest.raises(SystemExit, match='the checkpoint has a vocabulary of 65 tokens, the model 39'):
         train.main([f'--init_from={tmp_path / "hf"}', f'--data_dir={char_data}', f'--out_dir={tmp_path / "o"}',
                     *FINETUNE])
-    with pytest.raises(SystemExit, match=r"init_from='gtp2' is neither 'scratch', 'resume', a GPT-2 name"):
+    with pytest.raises(SystemExit, match=r"init_from='gtp2' is neither 'scratch', 'resume', 'auto', a GPT-2 name"):
         train.main(['--init_from=gtp2', f'--data_dir={char_data}', *FINETUNE])
     (tmp_path / 'empty').mkdir()
     with pytest.raises(SystemExit, match='holds no config.json and no model.safetensors'):

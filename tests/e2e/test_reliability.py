@@ -408,3 +408,45 @@ def test_a_log_line_cut_in_half_does_not_stop_a_resume(run, logs, tmp_path, caps
     assert [r['iter'] for r in logs.records(out / 'dynamics.jsonl')] == [5, 10, 25, 30]
     plot_curves.main([str(out), f'--out={tmp_path / "curves.png"}'])
     assert (tmp_path / 'curves.png').stat().st_size > 0
+
+
+def files_of(folder):
+    """{name: (bytes, modification time)} of every file in folder: what a run that changes nothing leaves."""
+    return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def test_auto_starts_fresh_continues_and_leaves_a_complete_run_as_it_is(run, logs, capsys):
+    """--init_from=auto: a fresh run where out_dir holds no checkpoint; started again once complete, one
+    line and exit 0 with nothing on disk changed; another config refused in one line; a larger max_iters
+    continues exactly as one run would have gone."""
+    args = ['--eval_interval=10', '--lr_decay_iters=30', '--init_from=auto']  # the 30-iteration run's schedule
+    full = run('--max_iters=30', *args, out='full')
+    out = run('--max_iters=20', *args)
+    before = files_of(out)
+    best = checkpoint.load(out / 'ckpt.pt')['best_val_loss']
+    capsys.readouterr()
+    run('--max_iters=20', *args)
+    assert capsys.readouterr().out.splitlines() == [
+        f"{out} holds a complete run: iteration 20 of max_iters=20, best val loss {best:.4f}; nothing to do (to train "
+        f"on, raise --max_iters; for another run, give another --out_dir)"]
+    assert files_of(out) == before
+    with pytest.raises(SystemExit) as refused:
+        run('--max_iters=20', *args, '--n_layer=3')
+    assert str(refused.value) == f"error: cannot resume from {out} with this config: n_layer=2 (saved) vs 3 (now)"
+    assert files_of(out) == before
+    run('--max_iters=30', *args)
+    assert logs.losses(out) == logs.losses(full)
+
+
+@pytest.mark.parametrize('count', ['TORCHELASTIC_RESTART_COUNT', 'SLURM_RESTART_COUNT'])
+def test_a_run_that_its_launcher_restarts_continues_its_checkpoint(run, logs, capsys, monkeypatch, count):
+    """torchrun's restart of the same command, or Slurm's requeue, continues the run in out_dir whatever
+    init_from says (torchtitan's rule); by hand the same command is refused, naming --init_from=auto."""
+    out = run('--max_iters=10', '--eval_interval=10')
+    with pytest.raises(SystemExit, match='would overwrite it; continue it with --init_from=auto'):
+        run('--max_iters=20', '--eval_interval=10')
+    monkeypatch.setenv(count, '1')
+    capsys.readouterr()
+    run('--max_iters=20', '--eval_interval=10')
+    assert f"resuming from {out / 'ckpt.pt'} (iteration 10)" in capsys.readouterr().out
+    assert [i for i, _ in logs.evals(out)] == [0, 10, 20]

@@ -74,7 +74,7 @@ def test_every_rule_resumes_exactly_under_the_modern_preset(run, logs, root, con
 def test_a_new_run_never_overwrites_a_checkpoint(run):
     out = run('--max_iters=5', '--eval_interval=5')
     before = (out / 'ckpt.pt').read_bytes()
-    with pytest.raises(SystemExit, match='would overwrite it; continue it with --init_from=resume'):
+    with pytest.raises(SystemExit, match='would overwrite it; continue it with --init_from=auto'):
         run('--max_iters=5', '--eval_interval=5')
     assert (out / 'ckpt.pt').read_bytes() == before
 
