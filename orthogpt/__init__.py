@@ -6,7 +6,8 @@ Imports flow one way: model.py <- configure/ <- this package <- scripts and tool
     lock         one writer per folder: a lock the operating system frees when its holder dies
     progress     the one progress bar
     device       device and dtype choice, autocast
-    parallel     this process among torchrun's: DDP or FSDP, gradient synchronisation, the lock on rank 0
+    parallel     this process among torchrun's: DDP or FSDP, gradient synchronisation, the lock on rank 0, what
+                 every process agrees on, a lost process or machine as one line
     optim        AdamW and Muon, their parameter groups, the learning-rate schedule, one step, non-finite steps
     run          a run's state in one object (config, model, optimizer, counters) and its setup and checkpoint
     signals      Ctrl-C and SIGTERM as a request to stop at the next step; SIGTERM when the launcher dies
@@ -27,6 +28,7 @@ Imports flow one way: model.py <- configure/ <- this package <- scripts and tool
     sweep        the experiment engine of tools/compare.py and tools/miniseries.py: a comparison planned, run, read back
     planning     a comparison's runs: configs x settings x seeds, each a train.py argv in the folder named for it
     launcher     a plan's runs as train.py processes, a few at a time, watched, stopped by a signal with a checkpoint
+    slurm        a plan's runs as Slurm jobs of tools/slurm/train.sbatch: submitted once, watched through squeue
     stats        a comparison's numbers: mean ± std, paired differences ± standard error, the speedup protocol
     results      a comparison's results.md
     series       a scaling series read back through its plan, and its fits and compute multipliers

@@ -92,7 +92,7 @@ def speedup_table(rows, analysis, timed):
 def report(spec, command, rows, analysis, tuning, picked):
     """results.md: the command, the tuning table, what the runs' protocol and timing were, the
     results table and, with two --lengths or more, the speedup table."""
-    timed = spec.nproc == 1
+    timed = spec.nproc == 1 and spec.launcher == 'local'
     protocol = '' if not spec.switch else (
         f"Second phases continue their first phase's checkpoint from iteration {spec.switch_at} "
         + ("with a fresh optimizer and learning-rate schedule.\n\n" if spec.switch_reset
@@ -100,7 +100,8 @@ def report(spec, command, rows, analysis, tuning, picked):
     reach = '' if not spec.reach else (
         f"The reach column: the first evaluation at which each seed's val loss is at most "
         f"{analysis.target:.4f} (`{spec.reach}`).\n\n")
-    untimed = '' if timed else f"The {spec.nproc} runs at a time shared the machine: nothing is timed.\n\n"
+    untimed = ('' if timed else f"The {spec.nproc} runs at a time shared the machine: nothing is timed.\n\n"
+               if spec.launcher == 'local' else "The runs ran as Slurm jobs, on whatever nodes: nothing is timed.\n\n")
     return (f"`{command}`\n\n" + (tuning_table(tuning, picked) + '\n' if tuning else '') + protocol + reach + untimed
             + table(rows, analysis, bool(spec.reach), timed)
             + ('\n' + speedup_table(rows, analysis, timed) if analysis.speedups is not None else ''))

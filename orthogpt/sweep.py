@@ -11,7 +11,8 @@ import os
 import statistics
 from dataclasses import dataclass, field, replace
 
-from orthogpt import files, lock, logs, plots, progress, results, stats
+from orthogpt import files, lock, logs, plots, progress, results, slurm, stats
+from orthogpt.errors import UserError
 from orthogpt.launcher import Progress, Status, execute, final_loss, finished
 from orthogpt.planning import SEEDS, TUNING_SEED, Case, cases, label_of, parse_set, plan
 
@@ -36,6 +37,30 @@ class Spec:
     switch_reset: bool = False
     reach: str | None = None
     progress: float = progress.EVERY  # seconds between Progress lines, 0: none
+    launcher: str = 'local'  # 'local': train.py processes here; 'slurm': a Slurm job a run (orthogpt/slurm.py)
+    sbatch: list = field(default_factory=list)  # sbatch's options for every job (--partition=..., --time=...)
+    collect: bool = False  # start and wait for nothing: read the runs as they stand
+
+
+def add_launcher_options(parser):
+    """The options that say where a comparison's runs run, for the command lines of this engine."""
+    parser.add_argument('--launcher', choices=['local', 'slurm'], default='local',
+                        help="'local': train.py processes on this machine, --nproc at once; 'slurm': each run a "
+                             "Slurm job of tools/slurm/train.sbatch, submitted from here")
+    parser.add_argument('--sbatch', default='', metavar="'OPTIONS'",
+                        help="sbatch's options for every job, e.g. '--partition=gpu --gpus=1 --time=2:00:00'")
+    parser.add_argument('--collect', action='store_true',
+                        help='start and wait for nothing: tabulate the runs as they stand, wherever they run')
+
+
+def run_all(spec, runs, watch):
+    """The runs run (spec.launcher), or, with spec.collect, left as they stand."""
+    if spec.collect:
+        return
+    if spec.launcher == 'slurm':
+        slurm.execute(runs, spec.sbatch, watch)
+    else:
+        execute(runs, spec.nproc, watch)
 
 
 def planned(spec, chosen=None):
@@ -53,7 +78,7 @@ def compare(spec, command, runs=None, watch=None):
     with lock.hold(spec.out):
         chosen, tuning = tune(spec) if spec.tune else (cases(spec), {})
         runs = runs or planned(spec, chosen)
-        execute(runs, spec.nproc, watch or Progress(runs, spec.progress))
+        run_all(spec, runs, watch or Progress(runs, spec.progress))
         rows = read_rows(runs)
         by_length = bool(spec.lengths) and len(spec.lengths) > 1  # the speedup table's
         analysis = stats.analyse(rows, spec.baseline, spec.reach, by_length)
@@ -76,7 +101,12 @@ def tune(spec):
         todo = [replace(c, setting=(*c.setting, *zip(grid, combo)))
                 for c in cases(spec) for grid in [grids[c.label]] for combo in itertools.product(*grid.values())]
         runs = plan(spec, todo, [TUNING_SEED])
-        execute(runs, spec.nproc, Progress(runs, spec.progress))
+        run_all(spec, runs, Progress(runs, spec.progress))
+        waiting = [r.name for r in runs if not finished(r)]
+        if spec.collect and waiting:
+            raise UserError(f"--collect: {len(waiting)} of the {len(runs)} tuning runs have not finished ("
+                            f"{', '.join(waiting[:3])}{', ...' if len(waiting) > 3 else ''}), and the reported seeds "
+                            f"follow from them; run the command without --collect to run or wait for them")
         best = {}
         for r in sorted(runs, key=final_loss):
             best.setdefault(r.case.label, dict(r.case.setting[-len(keys):]))

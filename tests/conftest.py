@@ -8,6 +8,7 @@ import io
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -434,3 +435,113 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+class Slurm:
+    """A one-node Slurm cluster of this machine's own, for this test process: munged (shared, started if none
+    runs), a slurmctld and a slurmd on free ports, their configuration and state in `folder`. env: the
+    environment that points Slurm's commands at it."""
+
+    def __init__(self, folder, name):
+        self.folder = folder
+        ports = []
+        for _ in range(2):
+            s = socket.socket()
+            s.bind(('127.0.0.1', 0))
+            ports.append(s)
+        ctld, node = (s.getsockname()[1] for s in ports)
+        for s in ports:
+            s.close()
+        conf = folder / 'slurm.conf'
+        conf.write_text('\n'.join([
+            f'ClusterName={name}', 'SlurmctldHost=localhost(127.0.0.1)', 'SlurmUser=root', 'SlurmdUser=root',
+            'AuthType=auth/munge', 'CredType=cred/munge', 'MpiDefault=none', 'ProctrackType=proctrack/linuxproc',
+            'TaskPlugin=task/none', 'SchedulerType=sched/backfill', 'SelectType=select/cons_tres',
+            'SelectTypeParameters=CR_Core', 'ReturnToService=2', 'JobRequeue=1', 'KillWait=10', 'MinJobAge=600',
+            f'StateSaveLocation={folder}/state', f'SlurmdSpoolDir={folder}/spool', f'SlurmctldPort={ctld}',
+            f'SlurmdPort={node}', f'SlurmctldPidFile={folder}/slurmctld.pid', f'SlurmdPidFile={folder}/slurmd.pid',
+            f'NodeName={name} NodeHostname={socket.gethostname()} NodeAddr=127.0.0.1 CPUs={os.cpu_count()} '
+            f'RealMemory=1000 State=UNKNOWN',
+            f'PartitionName=test Nodes={name} Default=YES MaxTime=INFINITE State=UP', '']))
+        for sub in ('state', 'spool'):
+            (folder / sub).mkdir()
+        # its jobs run this Python (sbatch passes the environment on), one thread each, as torchrun's workers
+        self.env = dict(os.environ, SLURM_CONF=str(conf), OMP_NUM_THREADS='1',
+                        PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get('PATH', '')]))
+        self.name = name
+
+    def __call__(self, *cmd, check=True):
+        done = subprocess.run(cmd, capture_output=True, text=True, env=self.env, timeout=60)
+        if check and done.returncode:
+            raise RuntimeError(f"{' '.join(cmd)}: exit {done.returncode}: {done.stderr.strip()}")
+        return done.stdout
+
+    def start(self):
+        """The daemons, up once the node takes jobs; a reason to skip where they cannot start."""
+        if subprocess.run('munge -n | unmunge', shell=True, capture_output=True).returncode:
+            os.makedirs('/run/munge', exist_ok=True)
+            subprocess.run(['munged', '--force'], capture_output=True)
+            if subprocess.run('munge -n | unmunge', shell=True, capture_output=True).returncode:
+                return "munged does not run (Debian's munge package, and root to start it)"
+        for daemon in (['slurmctld', '-L', str(self.folder / 'slurmctld.log')],
+                       ['slurmd', '-N', self.name, '-L', str(self.folder / 'slurmd.log')]):
+            done = subprocess.run([*daemon[:1], '-f', self.env['SLURM_CONF'], *daemon[1:]], capture_output=True,
+                                  text=True, env=self.env)
+            if done.returncode:
+                return f"{daemon[0]} did not start: {done.stderr.strip()[-300:]}"
+        deadline = time.monotonic() + 30
+        while 'idle' not in self('sinfo', '--noheader', '--format=%T', check=False):
+            if time.monotonic() > deadline:
+                return f"the node never became idle: {self('sinfo', check=False)}"
+            time.sleep(0.5)
+        return None
+
+    def stop(self):
+        self('scontrol', 'shutdown', check=False)
+        for pid_file in ('slurmctld.pid', 'slurmd.pid'):
+            with suppress(OSError, ValueError):
+                os.kill(int((self.folder / pid_file).read_text()), signal.SIGKILL)
+
+    def submit(self, *args):
+        """sbatch's job id."""
+        return self('sbatch', '--parsable', *map(str, args)).strip().split(';')[0]
+
+    def state(self, job):
+        """The job's state as squeue lists it, or None once it has left the queue."""
+        return self('squeue', '--noheader', '--format=%T', f'--jobs={job}', check=False).strip() or None
+
+    def wait(self, job, timeout=180):
+        deadline = time.monotonic() + timeout
+        while self.state(job):
+            if time.monotonic() > deadline:
+                pytest.fail(f"Slurm job {job} still {self.state(job)} after {timeout} s")
+            time.sleep(0.5)
+
+    def release(self, job, timeout=60):
+        """A requeued job eligible at once, once it is pending again: Slurm holds it back for two minutes."""
+        deadline = time.monotonic() + timeout
+        while self.state(job) != 'PENDING':
+            if time.monotonic() > deadline:
+                pytest.fail(f"Slurm job {job} is {self.state(job)}, not pending again, {timeout} s on")
+            time.sleep(0.2)
+        self('scontrol', 'update', f'jobid={job}', 'StartTime=now')
+
+
+@pytest.fixture(scope='session')
+def slurm(tmp_path_factory):
+    """A one-node Slurm cluster (Slurm) for this test process (each pytest-xdist worker starts its own, on ports
+    of its own); the tests that need it skip, saying why, where it cannot start: without Debian's slurm-wlm and
+    munge, or without root."""
+    import shutil
+    missing = [b for b in ('slurmctld', 'slurmd', 'sbatch', 'munged') if not shutil.which(b)]
+    if missing:
+        pytest.skip(f"no {', '.join(missing)} here: Debian's slurm-wlm and munge packages (.ci/run installs them)")
+    if os.geteuid() != 0:
+        pytest.skip("a Slurm cluster of the tests' own starts as root")
+    cluster = Slurm(tmp_path_factory.mktemp('slurm'), f"orthogpt{os.environ.get('PYTEST_XDIST_WORKER', 'gw')}")
+    why = cluster.start()
+    if why:
+        cluster.stop()
+        pytest.skip(f"Slurm did not start: {why}")
+    yield cluster
+    cluster.stop()

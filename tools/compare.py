@@ -102,6 +102,7 @@ def parse_args(argv):
                    help="add a column: when each run first reached GROUP's mean final val loss (a row's label), "
                         "or a val loss given as a number")
     p.add_argument('--out', default='out-compare', help='folder for the runs, results.md and curves.png')
+    sweep.add_launcher_options(p)
     p.add_argument('--progress', type=float, default=progress.EVERY, metavar='SECONDS',
                    help='seconds between progress lines: the runs done, the running ones\' iterations, the time left '
                         '(0: none)')
@@ -117,9 +118,13 @@ def parse_args(argv):
         args.lengths = sorted(int(n) for n in args.lengths.split(',')) if args.lengths else None
     except ValueError:
         raise UserError(f"--lengths={args.lengths}: write iteration counts, e.g. --lengths=500,1000,2000") from None
+    if args.switch and args.launcher == 'slurm':
+        raise UserError("--switch runs with the local launcher only: a second phase starts from a copy of its first "
+                        "phase's checkpoint, which Slurm's jobs do not wait for")
     if args.switch and (args.lengths or args.tune):
         raise UserError("--switch goes with neither --lengths nor --tune: tune the first phase's setting first, "
                         "then compare the switches at it")
+    args.sbatch = shlex.split(args.sbatch)
     return sweep.Spec(**vars(args), extra=extra)
 
 
@@ -129,8 +134,8 @@ def main(argv=None):
     spec = parse_args(argv)
     try:
         return sweep.compare(spec, 'python tools/compare.py ' + shlex.join(sys.argv[1:] if argv is None else argv))
-    except launcher.Stopped:  # the runs have saved their checkpoints
-        raise SystemExit("interrupted; the same command resumes the unfinished runs") from None
+    except launcher.Stopped:  # the runs have saved their checkpoints, or go on as Slurm jobs
+        raise SystemExit("interrupted; the same command resumes the unfinished runs, or waits for their jobs") from None
 
 
 if __name__ == '__main__':

@@ -87,11 +87,13 @@ def parse_args(argv):
                    help="a setting for one config's runs (compare.py's --per), e.g. its tuned learning rate")
     p.add_argument('--nproc', type=int, default=1, help='runs at once (compare.py --nproc)')
     p.add_argument('--out', default='out-miniseries', help='folder for the runs, miniseries.md/.json/.png')
+    sweep.add_launcher_options(p)
     args, extra = p.parse_known_args(argv)
     check(args, extra)
     return args, sweep.Spec(configs=args.configs, stack=args.stack, extra=extra, seeds=args.seeds,
                             set=[f"depth={','.join(map(str, args.depths))}"], per=args.per, baseline=args.baseline,
-                            nproc=args.nproc, out=args.out)
+                            nproc=args.nproc, out=args.out, launcher=args.launcher, sbatch=shlex.split(args.sbatch),
+                            collect=args.collect)
 
 
 def check(args, extra):
