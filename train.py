@@ -3,7 +3,7 @@
     python train.py config/shakespeare_rot.py                        # one process
     python train.py config/shakespeare_rot.py config/cpu.py          # nanoGPT's CPU recipe
     python train.py config/shakespeare_rot.py --max_iters=500        # any key: python train.py --help
-    torchrun --standalone --nproc_per_node=8 train.py config/...     # DDP: nccl on CUDA, gloo on CPU
+    torchrun --standalone --nproc_per_node=8 train.py config/... --init_from=auto   # DDP: nccl on CUDA, gloo on CPU
 
 gradient_accumulation_steps counts the micro-steps of one optimizer step over all processes:
 a step always sees gradient_accumulation_steps * batch_size * block_size tokens, and each of
@@ -16,6 +16,9 @@ uninterrupted (same process count), running an interrupted evaluation again firs
 run may switch residual between rules that build the same parameters, such as 'additive' and
 'orthogonal' (and change their options or dropout), with --reset_optimizer=True to restart the
 optimizer and the schedule there; the change is recorded in the checkpoint's history.
+--init_from=auto resumes where out_dir holds a checkpoint and starts fresh where not, and a run
+that torchrun restarted or Slurm requeued continues its checkpoint whatever init_from says; a lost
+process or machine ends the others in one line (docs/cluster.md).
 
 One process writes an out_dir at a time: a second train.py on it is refused at once, naming the
 first (a lock that the operating system releases when its holder dies, even by SIGKILL). Under
@@ -120,7 +123,9 @@ def train(cfg, env, argv, given):
                     print(f"step {it}: {describe(metrics)}{' (best)' if best else ''}")
                 log.write({'iter': it, **metrics, 'train_s': c.train_s})
                 if it > 0:  # from scratch, iteration 0 has nothing to save
+                    t_save = time.perf_counter()
                     run.save(best)
+                    log.write({'iter': it, 'event': 'checkpoint', 'save_s': time.perf_counter() - t_save})
                 t_last, since = time.perf_counter(), 0
             if it >= cfg.max_iters:
                 break
@@ -158,6 +163,7 @@ def train(cfg, env, argv, given):
         saved = c.iter_num > start_iter and not cfg.eval_only
         if saved:
             run.save(False)
+            run.writer.wait()
         if env.master:
             what = (f"checkpoint saved to {cfg.out_dir}/ckpt.pt; continue with --init_from=resume" if saved
                     else "nothing new to save")
@@ -165,7 +171,10 @@ def train(cfg, env, argv, given):
                   f"at iteration {c.iter_num}; {what}")
     finally:
         interrupt.restore()
-        log.close()
+        try:
+            run.writer.wait()  # the checkpoint in flight (async_save), written before the process group ends
+        finally:
+            log.close()
 
 
 RECENT = 5  # log intervals whose median speed gives the time left: it follows a machine that slows or speeds up
@@ -300,6 +309,7 @@ def check_nonfinite(run, nonfinite, log):
     log.write({'iter': run.counters.iter_num, 'event': 'nonfinite', 'first': first, 'count': count, 'params': bad})
     if cfg.nan_policy == 'stop' or streak >= cfg.nan_max_skips:
         run.save(False)
+        run.writer.wait()
         why = ("nan_policy='stop'" if cfg.nan_policy == 'stop'
                else f"{streak} consecutive steps skipped (nan_max_skips={cfg.nan_max_skips})")
         raise UserError(f"{report}.\nStopped ({why}); the parameters from before those steps are saved in "

@@ -1,6 +1,6 @@
 # GPT-2 small (124M) on a prepared corpus, with nanoGPT's train_gpt2.py recipe:
 #   python data/prepare_text.py --dataset openwebtext        # or fineweb-edu, or --files ... --name X
-#   torchrun --standalone --nproc_per_node=8 train.py config/gpt2_124m_add.py
+#   torchrun --standalone --nproc_per_node=8 train.py config/gpt2_124m_add.py --init_from=auto
 # 12 layers, 768 wide, 12 heads, block 1024. A step is 12 sequences x 1024 tokens x 40 micro-steps
 # = 491,520 tokens (~0.5M), on any number of GPUs dividing 40; on one GPU it takes 40 micro-steps.
 # gpt2_124m_{add,ortho,rot}.py import this and choose the residual rule.

@@ -1,7 +1,7 @@
 # A 2-layer GPT on whatever tokenized corpus is prepared, small enough for a CPU:
 #   python data/prepare_text.py --files 'corpus/*.txt' --name mycorpus
 #   python train.py config/owt_smoke.py --dataset=mycorpus
-#   torchrun --standalone --nproc_per_node=2 train.py config/owt_smoke.py --dataset=mycorpus
+#   torchrun --standalone --nproc_per_node=2 train.py config/owt_smoke.py --dataset=mycorpus --init_from=auto
 out_dir = 'out-owt-smoke'
 dataset = 'openwebtext'
 device = 'cpu'

@@ -41,6 +41,7 @@ class Config(GPTConfig, ViTConfig):
     init_from: str = 'scratch'  # 'scratch', 'resume', 'auto' (resume where out_dir holds a checkpoint, else scratch), or pretrained weights: a GPT-2 name or a Hugging Face folder
     reset_optimizer: bool = False  # on resume: a fresh optimizer state and a schedule restarted there
     keep_last_n: int = 2  # also keep the last n checkpoints as ckpt-<iter>.pt (0: none)
+    async_save: bool = False  # write checkpoints in a thread, from a copy taken in the loop, while training goes on (docs/performance.md)
     eval_interval: int = 250  # iterations between evaluations (and checkpoints)
     eval_iters: int = 200  # batches per split per evaluation (a ViT evaluates its whole test split)
     eval_only: bool = False  # evaluate once and exit

@@ -25,9 +25,11 @@ import glob
 import hashlib
 import json
 import os
+import threading
 from dataclasses import dataclass, replace
 
 import torch
+import torch.utils._pytree
 
 import configure
 from model import GPT
@@ -105,6 +107,44 @@ def save(obj, path):
     obj['checksum'] = checksum(obj)
     write_atomic(path, lambda f: torch.save(obj, f))
     SEEN[identity(path)] = seen_in(obj)
+
+
+def snapshot(obj):
+    """obj with each tensor copied to the CPU: what a checkpoint written in the background (Writer)
+    reads while training goes on changing the originals."""
+    return torch.utils._pytree.tree_map(lambda x: x.detach().to('cpu', copy=True) if torch.is_tensor(x) else x, obj)
+
+
+class Writer:
+    """Where a run's checkpoints are written: in the loop, or (async_save) by a thread of their own
+    while training goes on, one at a time. The next save and the run's end wait for the one in
+    flight, and a write that failed in the thread raises there."""
+
+    def __init__(self):
+        self.thread, self.error = None, None
+
+    def start(self, write, background):
+        self.wait()
+        if not background:
+            write()
+            return
+
+        def run():
+            try:
+                write()
+            except BaseException as e:  # raised where the run next waits
+                self.error = e
+        self.thread = threading.Thread(target=run, name='checkpoint')
+        self.thread.start()
+
+    def wait(self):
+        """Once the checkpoint in flight is written; its failure, raised."""
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+        error, self.error = self.error, None
+        if error is not None:
+            raise error
 
 
 def shards(folder):

@@ -44,6 +44,8 @@ class Run:
     scaler: StepScaler
     counters: Counters = field(default_factory=Counters)
     flops_per_item: float | None = None  # of a training step, counted on rank 0 (orthogpt.flops)
+    writer: checkpoint.Writer = field(default_factory=checkpoint.Writer)
+    group: Any = None  # async_save under FSDP: the process group of the checkpoints' own collectives
 
     @property
     def micro_steps(self):
@@ -57,8 +59,11 @@ class Run:
 
     def save(self, best):
         """A checkpoint of every process's state, written by rank 0 (under FSDP the weights and
-        optimizer state by every process, sharded); best.pt too if best."""
+        optimizer state by every process, sharded); best.pt too if best. With async_save, from a copy
+        taken now (on the CPU), by the writer's thread: the loop goes on meanwhile, and waits only
+        where the next save or the run's end meets the last one still in flight."""
         env, cfg = self.env, self.cfg
+        self.writer.wait()
         mine = {'data': self.task.state_dict(), 'rng': rng_state(env.device_type),
                 'weights': parallel.fingerprint(self.raw_model)}
         streams = [mine]
@@ -68,19 +73,32 @@ class Run:
             if not env.fsdp and not all(torch.equal(s['weights'], mine['weights']) for s in streams):
                 raise UserError(f"at iteration {self.counters.iter_num} the {env.world} processes hold different "
                                 f"weights: DDP replicas diverged")
-        folder = (sharded.save(self.raw_model, self.optimizer, cfg.out_dir, self.counters.iter_num, env.master)
-                  if env.fsdp else None)
+        folder, written = None, None
+        if env.fsdp:
+            if cfg.async_save and self.group is None:  # every process saves together: a collective of all
+                self.group = dist.new_group(backend='gloo')
+            folder, written = sharded.save(self.raw_model, self.optimizer, cfg.out_dir, self.counters.iter_num,
+                                           env.master, self.group if cfg.async_save else None)
         if not env.master:
+            if written:
+                self.writer.start(written, cfg.async_save)
             return
-        checkpoint.save({**asdict(self.counters), 'model': None if folder else self.raw_model.state_dict(),
-                         'optimizer': None if folder else self.optimizer.state_dict(), 'sharded': folder,
-                         'scaler': self.scaler.state_dict(), 'streams': streams, 'config': json.dumps(asdict(cfg)),
-                         'meta': json.dumps(self.task.meta) if self.task.meta else None, 'best': best},
-                        os.path.join(cfg.out_dir, 'ckpt.pt'))
-        checkpoint.retain(cfg.out_dir, self.counters.iter_num, cfg.keep_last_n, best)
-        keep = checkpoint.named_folders(cfg.out_dir) if folder else None
-        if keep is not None:
-            sharded.prune(cfg.out_dir, keep)
+        state = {**asdict(self.counters), 'model': None if folder else self.raw_model.state_dict(),
+                 'optimizer': None if folder else self.optimizer.state_dict(), 'sharded': folder,
+                 'scaler': self.scaler.state_dict(), 'streams': streams, 'config': json.dumps(asdict(cfg)),
+                 'meta': json.dumps(self.task.meta) if self.task.meta else None, 'best': best}
+        if cfg.async_save:
+            state = checkpoint.snapshot(state)
+
+        def write():
+            if written:
+                written()
+            checkpoint.save(state, os.path.join(cfg.out_dir, 'ckpt.pt'))
+            checkpoint.retain(cfg.out_dir, state['iter_num'], cfg.keep_last_n, best)
+            keep = checkpoint.named_folders(cfg.out_dir) if folder else None
+            if keep is not None:
+                sharded.prune(cfg.out_dir, keep)
+        self.writer.start(write, cfg.async_save)
 
     def restore(self, ckpt):
         """The counters from the checkpoint, after checking that the config can continue it; the

@@ -13,29 +13,46 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from orthogpt.files import fsync_dir, write_error
 
 
-def save(model, optimizer, out_dir, iter_num, master):
+def save(model, optimizer, out_dir, iter_num, master, group=None):
     """Every process's shards of the model and optimizer state, written together into
-    out_dir/ckpt-<iter>.dcp; returns the folder's name. They go to a temporary folder first, which
-    rank 0 renames once all are written (dcp.save's last step is collective): a reader finds a
-    whole folder or none. A write that fails on any process (a full disk, say) raises a UserError
-    on all of them, the temporary folder removed."""
+    out_dir/ckpt-<iter>.dcp; returns (the folder's name, written). They go to a temporary folder
+    first, which rank 0 renames once all are written (dcp.save's last step is collective): a reader
+    finds a whole folder or none. With `group` (a process group of the checkpoints' own) the shards
+    are copied to memory here and written by a thread of torch.distributed.checkpoint's
+    (dcp.async_save, coordinating on `group` while training goes on over the default group);
+    written() waits for them, then renames. A write that fails on any process (a full disk, say)
+    raises a UserError from written() on all of them, the temporary folder removed."""
     name = f'ckpt-{iter_num:07d}.dcp'
     folder, tmp = os.path.join(out_dir, name), os.path.join(out_dir, name + '.tmp')
     model_state, optim_state = get_state_dict(model, list(optimizer))
-    try:
-        dcp.save({'model': model_state, 'optimizer': optim_state}, checkpoint_id=tmp)
-    except CheckpointException as e:  # raised on every process, with each failed process's error
+    state = {'model': model_state, 'optimizer': optim_state}
+    failed = None
+    if group is None:
+        try:
+            dcp.save(state, checkpoint_id=tmp)
+        except CheckpointException as e:  # raised on every process, with each failed process's error
+            failed = e
+    else:
+        pending = dcp.async_save(state, checkpoint_id=tmp, process_group=group)
+
+    def written():
+        error = failed
+        if group is not None:
+            try:
+                getattr(pending, 'upload_completion', pending).result()
+            except CheckpointException as e:
+                error = e
+        if error is not None:
+            if master:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise write_error(folder, next(iter(error.failures.values()))[0], "the checkpoints saved before are kept "
+                              "as they were, the partial folder removed") from None
         if master:
-            shutil.rmtree(tmp, ignore_errors=True)
-        error = next(iter(e.failures.values()))[0]
-        raise write_error(folder, error, "the checkpoints saved before are kept as they were, the partial folder "
-                                         "removed") from None
-    if master:
-        if os.path.exists(folder):  # saved at this iteration before (an evaluation cut short, then resumed)
-            shutil.rmtree(folder)
-        os.replace(tmp, folder)
-        fsync_dir(out_dir)
-    return name
+            if os.path.exists(folder):  # saved at this iteration before (an evaluation cut short, then resumed)
+                shutil.rmtree(folder)
+            os.replace(tmp, folder)
+            fsync_dir(out_dir)
+    return name, written
 
 
 def load(model, optimizer, folder):

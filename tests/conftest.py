@@ -36,9 +36,24 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(items):
-    """The slow tests first: pytest-xdist's workers then start on them while the quick ones fill the gaps,
-    rather than one worker ending the suite alone on a long test."""
-    items.sort(key=lambda item: item.get_closest_marker('slow') is None)
+    """The slow tests first in each pytest-xdist worker's share: --dist=worksteal hands the workers contiguous
+    shares of the list, then moves the tail of the longest queue to an idle worker. With the slow tests dealt out
+    to the heads of the shares, every worker starts on them and the quick ones fill the gaps, rather than one
+    worker ending the suite alone on a long test."""
+    n = int(os.environ.get('PYTEST_XDIST_WORKER_COUNT', 1))
+    slow = [item for item in items if item.get_closest_marker('slow')]
+    quick = [item for item in items if not item.get_closest_marker('slow')]
+    shares, left = [], len(items)
+    for i in range(n):  # the sizes worksteal gives: what is left over the workers still to serve
+        shares.append(left // (n - i))
+        left -= shares[-1]
+    dealt = [slow[i::n] for i in range(n)]
+    ordered = []
+    for share, heads in zip(shares, dealt):
+        take = max(0, share - len(heads))
+        ordered += heads + quick[:take]
+        quick = quick[take:]
+    items[:] = ordered + quick
 
 
 # a 2-layer model that trains in seconds on the CPU; tests add the keys they exercise

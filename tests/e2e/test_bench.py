@@ -65,6 +65,7 @@ def test_the_sampling_table(char_data, capsys, tables):
         assert is_ratio(tables.number(speedup), tables.number(cached), tables.number(uncached))
 
 
+@pytest.mark.slow
 def test_the_sampling_table_with_the_compiled_step(char_data, capsys, tables):
     """--compile adds the compiled step's rate, its ratio to the eager cached one's and the time its first
     generation spent compiling, for each model (each compiled on its own)."""

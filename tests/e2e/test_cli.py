@@ -38,6 +38,7 @@ class SignalInEvaluation(AdditiveUpdate):
         return x + u
 
 
+@pytest.mark.slow
 def test_a_cpu_run_is_estimated_and_a_gpu_sized_one_stops_with_the_cpu_command(run, root, tmp_path, char_data, capsys):
     run('--max_iters=10', '--eval_interval=10', '--device=auto', out='small')
     out = capsys.readouterr().out

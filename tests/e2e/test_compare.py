@@ -59,6 +59,7 @@ def test_runs_every_config_and_seed_and_tabulates_their_logs(compared, logs):
     assert (root / 'out' / 'curves.png').stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_tuning_picks_on_seed_1337_extends_an_edge_and_reports_the_other_seeds(compared, logs, tmp_path):
     root, _, _ = compared
     out = tmp_path / 'tune'
@@ -76,6 +77,7 @@ def test_tuning_picks_on_seed_1337_extends_an_edge_and_reports_the_other_seeds(c
     assert f"**{finals[best]:.4f}**" in (out / 'results.md').read_text()
 
 
+@pytest.mark.slow
 def test_the_speedup_protocol_interpolates_the_length_that_reaches_the_baseline(compared, logs, tmp_path):
     """Complete runs of 10 and 20 steps (each its own schedule); the target is additive's mean final
     loss at 20; each rule's steps to it, interpolated in log(steps), and the speedup, from the logs."""

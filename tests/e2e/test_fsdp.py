@@ -80,6 +80,19 @@ def test_resuming_on_as_many_processes_is_exact(sharded, logs):
     assert sorted(f for f in os.listdir(base / 'full') if f.endswith('.dcp')) == ['ckpt-0000004.dcp', 'ckpt-0000008.dcp']
 
 
+def test_an_async_save_writes_the_shards_of_a_save_in_the_loop(sharded, logs):
+    """--async_save=True: each process's shards staged in memory and written by torch.distributed.checkpoint's
+    thread (dcp.async_save on a process group of the checkpoints' own) while training goes on; rank 0 names
+    the folder once all are written. The log and the checkpoints at 4 and 8 are the synchronous run's."""
+    base, run = sharded
+    run('async', 2, '--max_iters=8', '--async_save=True')
+    assert logs.losses(base / 'async') == logs.losses(base / 'full')
+    for name in ('ckpt-0000004.pt', 'ckpt.pt'):
+        for a, b in zip(weights(base / 'async', name).values(), weights(base / 'full', name).values()):
+            assert torch.equal(a, b)
+    assert sorted(f for f in os.listdir(base / 'async') if f.endswith('.dcp')) == ['ckpt-0000004.dcp', 'ckpt-0000008.dcp']
+
+
 def test_a_run_saved_on_two_processes_resumes_on_one(sharded, logs):
     base, run = sharded
     out = run('part1', 1, '--max_iters=8', '--init_from=resume')

@@ -21,6 +21,7 @@ from tools import bench_kernels  # noqa: E402
 SMALLEST_SHARED = 101376
 
 
+@pytest.mark.slow
 def test_every_kernel_compiles_for_an_h100(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != 'TRITON_INTERPRET'}
     env['TRITON_CACHE_DIR'] = str(tmp_path)  # compiled here, not read from an earlier run

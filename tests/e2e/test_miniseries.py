@@ -206,6 +206,7 @@ def finished_logs(out):
     return found
 
 
+@pytest.mark.slow
 def test_an_interrupted_series_finishes_with_the_same_command_keeping_the_finished_runs(tmp_path, char_data):
     """In the modern block (config/modern.py stacked on each rule; the Ctrl-C test below runs GPT-2's)."""
     out = tmp_path / 'series'

@@ -325,6 +325,7 @@ def test_a_truncated_newest_checkpoint_then_resume_then_sigterm_keeps_what_verif
 LAUNCHER_BOUND = 30  # seconds for a killed launcher's workers to save and leave; a few on an idle machine
 
 
+@pytest.mark.slow
 def test_workers_leave_with_their_killed_launcher_and_the_run_resumes(run, root, tiny, char_data, tmp_path, capsys,
                                                                       processes, torchrun):
     """torchrun's 2 workers run in sessions of their own. While they train, a second torchrun on
@@ -400,7 +401,7 @@ def test_a_log_line_cut_in_half_does_not_stop_a_resume(run, logs, tmp_path, caps
     capsys.readouterr()
     run('--max_iters=30', '--init_from=resume', *args)
     printed = capsys.readouterr().out
-    for name, last in (('log', 8), ('dynamics', 4)):
+    for name, last in (('log', 10), ('dynamics', 4)):  # the log: 2 checkpoint records among its lines
         for line in (3, last):
             assert f"warning: {out / name}.jsonl line {line} is not a whole record, dropped" in printed, printed
     assert 'done: 30 iterations' in printed
@@ -450,3 +451,34 @@ def test_a_run_that_its_launcher_restarts_continues_its_checkpoint(run, logs, ca
     run('--max_iters=20', '--eval_interval=10')
     assert f"resuming from {out / 'ckpt.pt'} (iteration 10)" in capsys.readouterr().out
     assert [i for i, _ in logs.evals(out)] == [0, 10, 20]
+
+
+def states(path):
+    """The model's and the optimizer's tensors of a checkpoint file, flattened in order."""
+    saved = checkpoint.load(path)
+    return [t for t in torch.utils._pytree.tree_leaves([saved['model'], saved['optimizer']]) if torch.is_tensor(t)]
+
+
+def test_an_async_save_writes_the_checkpoints_of_a_save_in_the_loop(run, logs):
+    """--async_save=True: the checkpoints are written by a thread from a copy taken at the save, while training
+    changes the originals; the log and every checkpoint are those of the run that writes in the loop."""
+    sync = run('--max_iters=30', '--eval_interval=10', out='sync')
+    out = run('--max_iters=30', '--eval_interval=10', '--async_save=True', out='async')
+    assert logs.losses(out) == logs.losses(sync)
+    for name in ('ckpt-0000020.pt', 'ckpt.pt'):
+        a, b = states(out / name), states(sync / name)
+        assert len(a) == len(b) > 0 and all(torch.equal(x, y) for x, y in zip(a, b)), name
+    assert [r['iter'] for r in logs.records(out) if r.get('event') == 'checkpoint'] == [10, 20, 30]
+
+
+def test_an_async_save_that_fails_stops_the_run_at_the_next_save_and_keeps_the_last_one(run, logs, broken_disk):
+    """The disk fills under the checkpoint that a thread writes at 20: training goes on, and the run stops where it
+    next waits for that write, at the save at 30, with the message of a failed save; ckpt.pt still holds 10."""
+    out = run('--max_iters=10', '--eval_interval=10')
+    broken_disk(errno.ENOSPC, 'ckpt.pt')
+    with pytest.raises(SystemExit) as stop:
+        run('--max_iters=50', '--eval_interval=10', '--init_from=resume', '--async_save=True')
+    assert str(stop.value).startswith(f"error: could not write {out / 'ckpt.pt'}: No space left on device")
+    assert 'the previous ckpt.pt is kept as it was, the partial file removed' in str(stop.value)
+    assert checkpoint.load(out / 'ckpt.pt')['iter_num'] == 10 and not (out / 'ckpt-0000020.pt').exists()
+    assert [i for i, _ in logs.evals(out)] == [0, 10, 20, 30]

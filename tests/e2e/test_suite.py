@@ -14,6 +14,7 @@ from orthogpt.errors import UserError
 from tools import suite
 
 
+@pytest.mark.slow
 def test_the_smoke_suite_writes_every_table(tmp_path, char_data, capsys, tables):
     out = tmp_path / 'suite'
     suite.main(['--smoke', f'--out={out}', f'--shakespeare_data={char_data}'])

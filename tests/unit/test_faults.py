@@ -51,7 +51,8 @@ def fsdp_like(tmp_path, gpt_config):
     optimizer.step()
 
     def save(iter_num):
-        folder = sharded.save(model, [optimizer], tmp_path, iter_num, True)
+        folder, written = sharded.save(model, [optimizer], tmp_path, iter_num, True)
+        written()
         checkpoint.save(state(iter_num, folder), tmp_path / 'ckpt.pt')
         checkpoint.retain(tmp_path, iter_num, 2, False)
     return save
