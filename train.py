@@ -121,11 +121,12 @@ def train(cfg, env, argv, given):
                     metrics['effective_rank'] = diagnostics.final_rank(run.raw_model, run.task.eval_inputs())
                 if env.master:
                     print(f"step {it}: {describe(metrics)}{' (best)' if best else ''}")
-                log.write({'iter': it, **metrics, 'train_s': c.train_s})
+                record = {'iter': it, **metrics, 'train_s': c.train_s}
                 if it > 0:  # from scratch, iteration 0 has nothing to save
                     t_save = time.perf_counter()
                     run.save(best)
-                    log.write({'iter': it, 'event': 'checkpoint', 'save_s': time.perf_counter() - t_save})
+                    record['save_s'] = time.perf_counter() - t_save  # how long the save held the loop
+                log.write(record)
                 t_last, since = time.perf_counter(), 0
             if it >= cfg.max_iters:
                 break

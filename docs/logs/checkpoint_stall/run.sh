@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# How long a checkpoint stalls the training loop: GPT-2 medium's shape (24 x 1024, GPT-2's vocabulary,
-# 355M parameters; its AdamW state makes a 4.3 GB checkpoint) on two processes, under DDP and under FSDP,
-# each saving at every iteration; the loop's seconds in each save are the log's `checkpoint` records
-# (save_s). GPT-2 large does not fit twice in the VM's 24 GiB under DDP. Block 64, one sequence a
-# micro-step: the step's compute is beside the point here, the checkpoint's size is GPT-2 medium's.
+# How long a checkpoint stalls the training loop: GPT-2 medium's shape (24 x 1024, GPT-2's vocabulary, 353.6M
+# parameters; with its AdamW state a 4.24 GB checkpoint) on two processes, under DDP and under FSDP, saving at
+# every iteration; the loop's seconds in each save are the log's save_s. GPT-2 large does not fit twice in the
+# VM's 24 GiB under DDP. Block 64, one sequence a micro-step: the step's compute is beside the point here.
 #   bash docs/logs/checkpoint_stall/run.sh [SHAPE ...]     # then python docs/logs/checkpoint_stall/table.py
 #   ASYNC=True bash docs/logs/checkpoint_stall/run.sh       # the same with --async_save=True, saving every 3rd
 #                                                           # iteration, so that a write can end before the next
-# SHAPE: extra train.py arguments (the test of this script passes a tiny model). Needs TIKTOKEN_CACHE_DIR
-# (GPT-2's BPE files) and Tiny Shakespeare's text, tokenized here into GPT-2 shards.
+# SHAPE: train.py arguments in place of GPT-2 medium's (--n_layer=2 --n_head=2 --n_embd=64 checks the script in a
+# minute). Needs TIKTOKEN_CACHE_DIR (GPT-2's BPE files) and Tiny Shakespeare's text (TEXT), tokenized here into
+# GPT-2 shards.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 HERE=docs/logs/checkpoint_stall

@@ -1,5 +1,6 @@
 """The table of docs/performance.md's "A checkpoint's stall" from the logs beside this file: each
-parallel mode's seconds in each save (the log's `checkpoint` records) and its step time, with the
+parallel mode's seconds in each save (the log's save_s: its evaluation records', or, in these logs,
+written before that, records of their own) and its step time, with the
 checkpoint written in the loop and with async_save.
 
     python docs/logs/checkpoint_stall/table.py [FOLDER]
@@ -20,7 +21,7 @@ def table(folder):
             continue
         with open(path) as f:
             records = [json.loads(line) for line in f]
-        saves = [r['save_s'] for r in records if r.get('event') == 'checkpoint']
+        saves = [r['save_s'] for r in records if 'save_s' in r]
         steps = [r['ms_per_iter'] / 1000 for r in records if 'ms_per_iter' in r]
         parallel, _, background = name.partition('-')
         rows.append(f"| {parallel} | {'async_save' if background else 'in the loop'} | {len(saves)} | {', '.join(f'{s:.1f}' for s in saves)} | "
