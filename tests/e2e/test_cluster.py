@@ -122,7 +122,7 @@ def test_restarts_into_the_shared_rendezvous_store_are_refused_in_one_line(torch
     """Without TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 a restarted group can read the dead one's addresses
     (pytorch/pytorch#135712): --max-restarts is refused at the start, before anything is written."""
     env = {k: v for k, v in os.environ.items() if k != 'TORCH_DISABLE_SHARE_RDZV_TCP_STORE'}
-    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', '--max-restarts=1',
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=1', '--max-restarts=1',
            *train_args(tiny, data, tmp_path / 'out')]
     done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, env=env, timeout=240)
     assert done.returncode != 0

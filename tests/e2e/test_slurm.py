@@ -3,7 +3,10 @@
 run; a failed run's output ends in its own error line; a study's table is the local launcher's though one of
 its jobs is requeued mid-run. docs/cluster.md."""
 
+import json
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -64,24 +67,21 @@ def test_a_failed_run_under_torchrun_ends_the_jobs_output_in_its_own_error_line(
 def test_a_study_on_slurm_with_a_requeued_job_gives_the_local_table(slurm, root, tiny, char_data, tmp_path, tables):
     """2 configs x 2 seeds, each run a Slurm job; one of them requeued mid-run. Its table is the local launcher's;
     the same command again submits nothing and writes the same table, and so does --collect."""
-    args = ['config/shakespeare_add.py', 'config/shakespeare_ortho.py', '--seeds=2', *tiny, '--max_iters=150',
-            '--eval_interval=30', f'--data_dir={char_data}', '--progress=0']
+    args = ['config/shakespeare_add.py', 'config/shakespeare_ortho.py', '--seeds=2', *tiny, '--max_iters=80',
+            '--eval_interval=20', f'--data_dir={char_data}', '--progress=0']
     os.environ['OMP_NUM_THREADS'] = '1'  # as the jobs (the slurm fixture's env)
     try:
         compare.main([*args, f'--out={tmp_path / "local"}', '--nproc=2'])
     finally:
         del os.environ['OMP_NUM_THREADS']
-    import subprocess
-    import sys
     out = tmp_path / 'slurm'
     cmd = [sys.executable, 'tools/compare.py', *args, f'--out={out}', '--launcher=slurm']
     proc = subprocess.Popen(cmd, cwd=root, env=slurm.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     target = out / 'shakespeare_add-s1'
     deadline = time.monotonic() + 120
-    while not (target / 'ckpt-0000030.pt').exists():
+    while not (target / 'ckpt-0000020.pt').exists():
         assert time.monotonic() < deadline and proc.poll() is None, proc.stdout.read()[-3000:]
         time.sleep(0.2)
-    import json
     job = json.loads((target / 'run.json').read_text())['job']
     slurm('scontrol', 'requeue', job)
     slurm.release(job)
