@@ -292,7 +292,8 @@ def stream_gains(model, idx, iters=LANCZOS_STEPS, tol=LANCZOS_TOL):
     """(2L, 2) float64 CPU: stream_gain of every sublayer on idx, in the rules' own PyTorch and SDPA's math kernel,
     which forward-mode AD differentiates. Costs 2L x (at most) iters forwards with a tangent, and as many backwards."""
     with sdpa_kernel(SDPBackend.MATH), own_pytorch(model):
-        return torch.stack([stream_gain(model, idx, l, iters, tol) for l in range(2 * len(model.blocks))]).cpu()
+        return torch.stack([stream_gain(model, idx, l, iters, tol)
+                            for l in range(2 * len(model.blocks))]).detach().cpu()  # numbers, not a graph
 
 
 @torch.enable_grad()
@@ -375,13 +376,14 @@ def final_features(model, idx):
 
 def in_eval_mode(measure):
     """measure(model, ...) run in eval mode (no dropout; stochastic connections at their expected
-    update, so no random number is drawn), the model back in training mode after."""
+    update, so no random number is drawn), the model back in the mode it was given in after."""
     def measured(model, *args):
+        was = model.training
         model.eval()
         try:
             return measure(model, *args)
         finally:
-            model.train()
+            model.train(was)
     return measured
 
 

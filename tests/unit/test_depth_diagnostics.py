@@ -196,6 +196,17 @@ def test_stream_gain_known_values(gpt_config, keys, gain):
     torch.testing.assert_close(gains, torch.full((4, 2), gain, dtype=torch.float64), rtol=1e-12, atol=0)
 
 
+@pytest.mark.parametrize('training', [True, False])
+def test_a_dynamics_record_leaves_the_model_in_its_mode_and_returns_numbers(gpt_config, training):
+    """The record measures in eval mode and gives the model back in the mode it was given in (a model under
+    evaluation stays so); the stream's gains come back as numbers, holding no graph."""
+    model = GPT(gpt_config(residual='attnres', dropout=0.1)).train(training)
+    idx = torch.randint(11, (2, 8))
+    diagnostics.dynamics_record(model, idx, 0, torch.roll(idx, -1, 1))
+    assert all(m.training == training for m in model.modules())
+    assert not diagnostics.stream_gains(model, idx, 2).requires_grad
+
+
 def test_stream_gains_run_the_rules_own_pytorch(gpt_config):
     """Forward-mode AD runs through the rule's own PyTorch: with the fused kernels (Triton's interpreter on a CPU)
     and hc_recompute asked for, the gains of the same model without them, and the options back as they were."""
