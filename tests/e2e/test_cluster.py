@@ -5,6 +5,7 @@ fixed number of machines the survivors end in one line, their checkpoints intact
 one (--nnodes=1:2) the survivor continues from the newest checkpoint on its own. docs/cluster.md."""
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -198,7 +199,8 @@ def test_an_elastic_run_that_loses_a_machine_continues_on_the_survivor(root, tin
 
 def mount_namespaces():
     """Whether this process may make a mount namespace of its own (unshare, as root, where the sandbox allows it)."""
-    return os.geteuid() == 0 and subprocess.run(['unshare', '--mount', 'true'], capture_output=True).returncode == 0
+    return (os.geteuid() == 0 and shutil.which('unshare') is not None
+            and subprocess.run(['unshare', '--mount', 'true'], capture_output=True).returncode == 0)
 
 
 @pytest.mark.skipif(not mount_namespaces(), reason="a machine with a folder of its own is a mount namespace "
