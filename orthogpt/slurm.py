@@ -43,9 +43,17 @@ def command(cmd):
     return done.stdout
 
 
-def queue():
-    """{job id: state} of this user's jobs that Slurm still lists."""
-    listed = command(['squeue', '--me', '--noheader', '--format=%i %T'])
+def queue(tries=3):
+    """{job id: state} of this user's jobs that Slurm still lists. A busy slurmctld can time squeue out: it is
+    asked again, POLL seconds on, before that counts as an error."""
+    for attempt in range(tries):
+        try:
+            listed = command(['squeue', '--me', '--noheader', '--format=%i %T'])
+            break
+        except UserError:
+            if attempt == tries - 1:
+                raise
+            time.sleep(POLL)
     return {job: state for job, state in (line.split() for line in listed.splitlines() if line.strip())}
 
 

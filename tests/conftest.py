@@ -521,9 +521,16 @@ class Slurm:
         """sbatch's job id."""
         return self('sbatch', '--parsable', *map(str, args)).strip().split(';')[0]
 
-    def state(self, job):
-        """The job's state as squeue lists it, or None once it has left the queue."""
-        return self('squeue', '--noheader', '--format=%T', f'--jobs={job}', check=False).strip() or None
+    def state(self, job, tries=20):
+        """The job's state as squeue lists it, or None once it has left the queue. A busy slurmctld can time squeue
+        out: that is asked again, not taken for a job that has left."""
+        for _ in range(tries):
+            done = subprocess.run(['squeue', '--noheader', '--format=%T', f'--jobs={job}'], capture_output=True,
+                                  text=True, env=self.env, timeout=60)
+            if done.returncode == 0:
+                return done.stdout.strip() or None
+            time.sleep(0.5)
+        pytest.fail(f"squeue failed {tries} times: {done.stderr.strip()}")
 
     def wait(self, job, timeout=180):
         deadline = time.monotonic() + timeout
@@ -533,11 +540,15 @@ class Slurm:
             time.sleep(0.5)
 
     def release(self, job, timeout=60):
-        """A requeued job eligible at once, once it is pending again: Slurm holds it back for two minutes."""
+        """A requeued job eligible at once, once it is pending again and its last run's processes are gone (its
+        slurmstepd, `slurmstepd: [JOB.batch]`): Slurm holds a requeued job back for two minutes, and a job started
+        again while its last run still ends fails at its start."""
         deadline = time.monotonic() + timeout
-        while self.state(job) != 'PENDING':
+        while self.state(job) != 'PENDING' or subprocess.run(['pgrep', '-f', rf'slurmstepd: \[{job}\.'],
+                                                             capture_output=True).returncode == 0:
             if time.monotonic() > deadline:
-                pytest.fail(f"Slurm job {job} is {self.state(job)}, not pending again, {timeout} s on")
+                pytest.fail(f"Slurm job {job} is {self.state(job)}, not pending again with its last run gone, "
+                            f"{timeout} s on")
             time.sleep(0.2)
         self('scontrol', 'update', f'jobid={job}', 'StartTime=now')
 
