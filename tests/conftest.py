@@ -457,7 +457,7 @@ class Slurm:
     runs), a slurmctld and a slurmd on free ports, their configuration and state in `folder`. env: the
     environment that points Slurm's commands at it."""
 
-    def __init__(self, folder, name):
+    def __init__(self, folder, name, first_job=1):
         self.folder = folder
         ports = []
         for _ in range(2):
@@ -473,6 +473,7 @@ class Slurm:
             'AuthType=auth/munge', 'CredType=cred/munge', 'MpiDefault=none', 'ProctrackType=proctrack/linuxproc',
             'TaskPlugin=task/none', 'SchedulerType=sched/backfill', 'SelectType=select/cons_tres',
             'SelectTypeParameters=CR_Core', 'ReturnToService=2', 'JobRequeue=1', 'KillWait=10', 'MinJobAge=600',
+            f'FirstJobId={first_job}',  # the job ids of this machine's clusters apart: a process names its job by id
             f'StateSaveLocation={folder}/state', f'SlurmdSpoolDir={folder}/spool', f'SlurmctldPort={ctld}',
             f'SlurmdPort={node}', f'SlurmctldPidFile={folder}/slurmctld.pid', f'SlurmdPidFile={folder}/slurmd.pid',
             f'NodeName={name} NodeHostname={socket.gethostname()} NodeAddr=127.0.0.1 CPUs={os.cpu_count()} '
@@ -564,7 +565,9 @@ def slurm(tmp_path_factory):
         pytest.skip(f"no {', '.join(missing)} here: Debian's slurm-wlm and munge packages (.ci/run installs them)")
     if os.geteuid() != 0:
         pytest.skip("a Slurm cluster of the tests' own starts as root")
-    cluster = Slurm(tmp_path_factory.mktemp('slurm'), f"orthogpt{os.environ.get('PYTEST_XDIST_WORKER', 'gw')}")
+    worker = os.environ.get('PYTEST_XDIST_WORKER', 'gw')
+    cluster = Slurm(tmp_path_factory.mktemp('slurm'), f'orthogpt{worker}',
+                    first_job=1000 * (1 + int(worker[2:] or 0)))
     why = cluster.start()
     if why:
         cluster.stop()
