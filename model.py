@@ -520,7 +520,8 @@ class AttentionResidual(ResidualUpdate):
     w_l a query per sublayer, 0 at init: the uniform mean of n sources, x / n for the additive stream x, which a
     pre-norm reads as x with n^2 times its eps (docs/rules.md: what that does to GPT-2's block). attnres_block = S > 1
     is Block AttnRes (Sec. 3.2, Eq. 5-6): the sources are the embeddings, each completed block of S sublayers' sum,
-    and the current block's sum so far. One more query reads the output; forward passes on the sources' sum."""
+    and the current block's sum so far. One more query reads the output; forward passes on the sources' sum. The first
+    sublayer's one source weighs 1 whatever its query: it has no query and no norm (no gradient would reach them)."""
     depth = True
 
     @dataclass
@@ -533,7 +534,8 @@ class AttentionResidual(ResidualUpdate):
 
     def __init__(self, d, layer, block=1):
         super().__init__()
-        self.query, self.norm, self.layer, self.block = nn.Parameter(torch.zeros(d)), nn.RMSNorm(d), layer, block
+        self.query, self.norm = (nn.Parameter(torch.zeros(d)), nn.RMSNorm(d)) if layer else (None, None)
+        self.layer, self.block = layer, block
 
     @classmethod
     def from_config(cls, cfg, layer, causal):
@@ -541,6 +543,8 @@ class AttentionResidual(ResidualUpdate):
 
     def weights(self, depth):  # Eq. 2-4: (a_{i,l} (sources, ...), the sources v_i (..., d)), prepare's and diagnostics'
         sources = depth.outputs + ([] if depth.partial is None else [depth.partial])
+        if self.query is None:  # the first sublayer's one source
+            return sources[0].new_ones(1, *sources[0].shape[:-1], 1), sources
         # w . RMSNorm(v) = <v, g w> / rms(v), the sources never stacked: backward keeps each once, not once a sublayer
         key, eps = self.norm.weight * self.query, self.norm.eps or torch.finfo(sources[0].dtype).eps
         return torch.softmax(torch.stack([dot(v, key) * torch.rsqrt(dot(v, v) / v.shape[-1] + eps) for v in sources]),

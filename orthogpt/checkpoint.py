@@ -394,6 +394,11 @@ def load_weights(model, ckpt, path, optimizer=None):
         from orthogpt import sharded  # torch.distributed.checkpoint: loaded only for such checkpoints
         sharded.load(model, optimizer, os.path.join(os.path.dirname(path), ckpt['sharded']))
         return
+    differ = sorted(set(model.state_dict()) ^ set(ckpt['model']))
+    if differ:  # a model.py that builds other parameters for the same config (a rule changed since the save)
+        raise UserError(f"{path} and this model.py disagree on the parameters of its config: "
+                        f"{', '.join(differ[:4])}{', ...' if len(differ) > 4 else ''}; the checkpoint was written by "
+                        f"another version of model.py, so load it with that version")
     model.load_state_dict(ckpt['model'])
     if optimizer is not None:
         optimizer.load_state_dict(ckpt['optimizer'])

@@ -551,6 +551,9 @@ class Slurm:
                 pytest.fail(f"Slurm job {job} is {self.state(job)}, not pending again with its last run gone, "
                             f"{timeout} s on")
             time.sleep(0.2)
+        # slurmd refuses a job started in the second its last run was killed ("Job credential revoked": a revocation
+        # is kept to the second); Slurm's own hold is two minutes
+        time.sleep(2)
         self('scontrol', 'update', f'jobid={job}', 'StartTime=now')
 
 

@@ -159,3 +159,16 @@ def test_resume_refuses_an_option_that_changes_the_parameters_and_keeps_one_that
     (why,) = resume.problems(saved, configure.load(['--residual=mhc', '--mhc_res=permutation']))
     assert why.startswith("mhc_res 'sinkhorn' -> 'permutation': the two settings of 'mhc' build different parameters")
     assert resume.problems(saved, configure.load(['--residual=mhc', '--hc_recompute=True'])) == []
+
+
+def test_weights_from_a_model_py_that_built_other_parameters_are_refused_in_one_line(gpt_config, tmp_path):
+    """An Attention Residuals checkpoint from before its first sublayer lost the query and norm that never trained."""
+    from model import GPT
+    model = GPT(gpt_config(residual='attnres'))
+    state = model.state_dict()
+    state['blocks.0.update_attn.query'] = torch.zeros(16)
+    with pytest.raises(UserError) as e:
+        checkpoint.load_weights(model, {'sharded': None, 'model': state}, str(tmp_path / 'ckpt.pt'))
+    assert str(e.value) == (f"{tmp_path / 'ckpt.pt'} and this model.py disagree on the parameters of its config: "
+                            f"blocks.0.update_attn.query; the checkpoint was written by another version of model.py, "
+                            f"so load it with that version")

@@ -268,7 +268,7 @@ def test_attnres_weights_at_init_and_as_the_model_reads(gpt_config):
         weights = pictures(model, idx)['attnres_weights']
         sources.insert(0, model.wte(idx) + model.wpe(torch.arange(1)))  # v_0, the embeddings
     for w, read in zip(weights, reads):
-        assert sum(w) == pytest.approx(1, abs=1e-12) and (len(w) == 1 or min(w) < 0.9 / len(w))
+        assert sum(w) == pytest.approx(1, abs=1e-12) and (len(w) == 1 or max(w) - min(w) > 0.05)  # not uniform
         torch.testing.assert_close(sum(a * v for a, v in zip(w, sources)), read, rtol=1e-12, atol=1e-12)
 
 

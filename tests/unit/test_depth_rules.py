@@ -80,6 +80,8 @@ def attnres_reference(model, idx):
     blocks, partial = [x], None
 
     def read(rule, sources):
+        if rule.query is None:  # the first sublayer: its one source weighs 1
+            return sources[0]
         V = torch.stack(sources)  # (n, B, T, d)
         logits = (V / torch.sqrt((V ** 2).mean(-1, keepdim=True) + torch.finfo(V.dtype).eps) * rule.norm.weight
                   * rule.query).sum(-1)

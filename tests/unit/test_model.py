@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from model import GPT, AdditiveUpdate, DecodeState, OrthogonalQKV, OrthogonalUpdate, RotationUpdate
+from model import GPT, RESIDUALS, AdditiveUpdate, DecodeState, OrthogonalQKV, OrthogonalUpdate, RotationUpdate
 from orthogpt import decoding
 from orthogpt.maps import maps_held
 
@@ -340,3 +340,25 @@ def test_ngpt_scales_its_mlp_as_the_paper_with_either_mlp(gpt_config, mlp):
     else:
         hidden = torch.nn.functional.gelu(h * math.sqrt(d))
     torch.testing.assert_close(block.mlp(x), hidden @ block.mlp.c_proj.weight.T, rtol=1e-12, atol=1e-12)
+
+
+MODERN = dict(pos='rope', qk_norm=True, activation='relu2', norm='rmsnorm', norm_gain=False, logit_softcap=15.0,
+              value_embeds=True, tie_weights=False, n_layer=3)  # config/modern.py's block; 3 layers: value embeds
+
+
+@pytest.mark.parametrize('keys', [dict(residual=name) for name in RESIDUALS] + [
+    dict(residual=name, **MODERN) for name in RESIDUALS] + [
+    dict(residual='attnres', attnres_block=2), dict(residual='additive', x0_mix='nanochat'),
+    dict(residual='additive', qkv='cayley')], ids=lambda k: '-'.join(map(str, k.values())))
+def test_every_parameter_a_rule_creates_gets_a_gradient(gpt_config, keys):
+    """A parameter that no loss reaches would count in the model's size and never train: every one, drawn away from
+    its initial value (where a gate at 0 would hide what it reads), gets a nonzero gradient."""
+    torch.manual_seed(0)
+    model = GPT(gpt_config(**keys)).double()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    idx = torch.randint(11, (2, 16))
+    model(idx, idx)[1].backward()
+    dead = [name for name, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum()]
+    assert not dead, dead
