@@ -118,6 +118,10 @@ class ResidualUpdate(nn.Module):
         return 0
 
     @classmethod
+    def sources(cls, cfg):  # a depth rule's outputs in a forward, the start's included: Depth's fixed length
+        return 0
+
+    @classmethod
     def exported(cls, options):  # its options in a folder that carries model.py alone (orthogpt/hf.py)
         return options
 
@@ -535,20 +539,25 @@ class AttentionResidual(ResidualUpdate):
     def __init__(self, d, layer, block=1):
         super().__init__()
         self.query, self.norm = (nn.Parameter(torch.zeros(d)), nn.RMSNorm(d)) if layer else (None, None)
-        self.layer, self.block = layer, block
+        self.completes = (layer + 1) % block == 0  # the last sublayer of a block (not the layer: one graph serves all)
 
     @classmethod
     def from_config(cls, cfg, layer, causal):
         return cls(cfg.n_embd, layer, cfg.options.attnres_block)
 
+    @classmethod
+    def sources(cls, cfg):
+        return 1 + 2 * cfg.n_layer // cfg.options.attnres_block
+
     def weights(self, depth):  # Eq. 2-4: (a_{i,l} (sources, ...), the sources v_i (..., d)), prepare's and diagnostics'
-        sources = depth.outputs + ([] if depth.partial is None else [depth.partial])
+        sources, held = depth.sources()
+        held = held.view(-1, *[1] * sources[0].dim())  # (sources, 1, ..., 1)
         if self.query is None:  # the first sublayer's one source
-            return sources[0].new_ones(1, *sources[0].shape[:-1], 1), sources
+            return held.to(sources[0].dtype).expand(-1, *sources[0].shape[:-1], 1), sources
         # w . RMSNorm(v) = <v, g w> / rms(v), the sources never stacked: backward keeps each once, not once a sublayer
         key, eps = self.norm.weight * self.query, self.norm.eps or torch.finfo(sources[0].dtype).eps
-        return torch.softmax(torch.stack([dot(v, key) * torch.rsqrt(dot(v, v) / v.shape[-1] + eps) for v in sources]),
-                             0), sources
+        logits = torch.stack([dot(v, key) * torch.rsqrt(dot(v, v) / v.shape[-1] + eps) for v in sources])
+        return torch.softmax(logits.masked_fill(~held, -math.inf), 0), sources
 
     def prepare(self, x, sub):
         sub.depth = sub.depth or Depth(x)  # alone, outside a trunk: x is the only source
@@ -557,8 +566,8 @@ class AttentionResidual(ResidualUpdate):
     def forward(self, x, u, sub):
         u, depth = wide(u), sub.depth
         depth.partial = u if depth.partial is None else depth.partial + u
-        if (self.layer + 1) % self.block == 0:  # the block is complete: its sum is a source of its own
-            depth.outputs.append(depth.partial)
+        if self.completes:  # the block's sum is a source of its own
+            depth.append(depth.partial)
             depth.partial = None
         return (x + u).to(x.dtype)
 
@@ -582,6 +591,10 @@ class DenseFormerUpdate(ResidualUpdate):
     def from_config(cls, cfg, layer, causal):
         return cls(layer)
 
+    @classmethod
+    def sources(cls, cfg):
+        return 1 + cfg.n_layer
+
     def prepare(self, x, sub):
         sub.depth = sub.depth or Depth(x)  # alone, outside a trunk: x is the only output so far
         return x
@@ -590,8 +603,9 @@ class DenseFormerUpdate(ResidualUpdate):
         x = x + u
         if self.alpha is None:
             return x
-        sub.depth.outputs.append(x)  # X_i, block i's output
-        return sum(a * X for a, X in zip(self.alpha.to(x.dtype), sub.depth.outputs))
+        sub.depth.append(x)  # X_i, block i's output
+        outputs = sub.depth.outputs  # the last len(alpha) of them, after Depth's zeros where it has them
+        return sum(a * X for a, X in zip(F.pad(self.alpha.to(x.dtype), (len(outputs) - len(self.alpha), 0)), outputs))
 
 
 # ----------------------------------------------------------------------------- 2. orthogonal Q/K/V
@@ -845,10 +859,23 @@ class ReLU2(nn.Module):
 class Depth:
     """What one forward's sublayers wrote, for a rule that reads it (ResidualUpdate.depth) and for x0_mix: `anchor`,
     what x0_mix mixes in, and what such a rule keeps as it goes: `outputs`, from [start] (the stream the first block
-    reads), and a running sum `partial`. Everything is per position: decoding needs nothing more."""
+    reads), and a running sum `partial`. Everything is per position: decoding needs nothing more. With a length (the
+    rule's sources; per-block compile), `outputs` keeps it, zeros first, `held` marking the outputs: one graph serves
+    every block. The zeros are distinct tensors like start (a graph's inputs differ in no alias, stride or grad)."""
 
-    def __init__(self, start, anchor=None):
-        self.anchor, self.outputs, self.partial = anchor, [start], None
+    def __init__(self, start, anchor=None, length=0):
+        self.anchor, self.partial, self.length = anchor, None, length
+        zeros = [torch.zeros_like(start).requires_grad_(start.requires_grad) for _ in range(length - 1)]
+        self.outputs = zeros + [start]
+        self.held = torch.arange(len(self.outputs), device=start.device) >= len(self.outputs) - 1
+
+    def append(self, x):  # a new output, last; with a length, the first zeros make room
+        self.outputs = self.outputs[1:] + [x] if self.length else self.outputs + [x]
+        self.held = torch.cat([self.held[1:] if self.length else self.held, self.held.new_ones(1)])
+
+    def sources(self):  # (every output and the partial sum, held (sources,): which are not Depth's zeros)
+        partial = [] if self.partial is None else [self.partial]
+        return self.outputs + partial, torch.cat([self.held, self.held.new_ones(len(partial))])
 
 
 class StreamAnchor(nn.Module):
@@ -933,6 +960,7 @@ class Trunk:
         self.read_out = self.rule.read_out(config, causal)
         self.ln_f = make_norm(config, keeps_norm)
         self.s_z = ScaleVector(n_out, 1.0, 1 / math.sqrt(config.n_embd)) if normalized else None
+        self.fixed_depth = False  # Depth's lists of one length (orthogpt/parallel.py, compiled_blocks)
 
     def scaled(self, logits):  # nGPT's s_z, then the soft-cap ([Gemma2] Sec. 2), in float32 as [nanochat]
         logits, cap = logits if self.s_z is None else logits * self.s_z(), self.config.logit_softcap
@@ -942,7 +970,8 @@ class Trunk:
         n = self.rule.copies(self.config)
         x = copied(self.ln_emb(x), n)  # (B, T, C), or n copies (B, T, n, C)
         anchor = F.rms_norm(x, x.shape[-1:]) if self.config.x0_mix != 'off' else None  # x0_mix's, once a forward
-        depth = Depth(x, anchor) if self.rule.depth or anchor is not None else None
+        length = self.rule.sources(self.config) if self.fixed_depth else 0
+        depth = Depth(x, anchor, length) if self.rule.depth or anchor is not None else None
         for i, block in enumerate(self.blocks):
             x = block(x, cache, depth, values[i] if values else None)
         if self.read_out is not None:

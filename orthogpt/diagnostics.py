@@ -327,7 +327,7 @@ def ddl_beta(module, x):
 def read_weights(module, depth):
     """Attention Residuals' weights over the sources of `depth` as module reads them, softmax_i(w . RMSNorm(v_i))
     ([AttnRes] Eq. 2-4), means over the tokens: (sources,), the embeddings first."""
-    return module.weights(depth)[0].flatten(1).mean(1)
+    return module.weights(depth)[0].flatten(1).mean(1)[depth.sources()[1]]  # not the zeros of a fixed-length Depth
 
 
 @contextmanager

@@ -3,6 +3,7 @@ model wrapped for DDP or sharded by FSDP2; how a micro-step synchronises gradien
 process must agree on (a verdict of rank 0's, a check that each makes for itself); a lost process
 or machine as one line; and the end of the process group."""
 
+import copy
 import os
 import re
 import socket
@@ -15,6 +16,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.nn as nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -245,10 +247,26 @@ def parallelize(model, cfg, env):
                 fully_shard(block, mp_policy=mp)
         fully_shard(model, mp_policy=mp)
     if cfg.compile if cfg.compile is not None else env.device_type == 'cuda':
-        model = torch.compile(model)
+        model = compiled_blocks(model) if cfg.compile_scope == 'blocks' else torch.compile(model)
     if env.ddp and not env.fsdp:
         model = DDP(model, device_ids=[env.local_rank] if env.device_type == 'cuda' else None)
     return model
+
+
+def compiled_blocks(model, **options):
+    """model (a GPT or ViT) with each block through torch.compile(**options), one graph that every block reuses
+    ("regional compilation"): compile time about one block's whatever the depth. It shares every module but the
+    blocks' list, so that model itself stays eager (diagnostics, estimates); in it the depth rules keep their lists of
+    earlier outputs at one length (model.Depth)."""
+    # process-wide, and felt only where a parameter's size differs between calls of one graph: DenseFormer's alphas
+    # (one more weight each block) become one size symbol, not a graph a block
+    torch._dynamo.config.force_parameter_static_shapes = False
+    # an orthogonal Q/K/V map's parametrized Linear is a class of its own in each block: a graph a block there
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, len(model.blocks) + 2)
+    view = copy.copy(model)
+    view._modules = dict(model._modules)
+    view.blocks, view.fixed_depth = nn.ModuleList(torch.compile(b, **options) for b in model.blocks), True
+    return view
 
 
 def unwrapped(model):

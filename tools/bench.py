@@ -28,7 +28,9 @@ eager forward of a micro-batch (what a wider stream multiplies), on a CPU as on 
 The variants are every residual rule in model.RESIDUALS (with dense Q/K/V) and every orthogonal
 Q/K/V map in model.QKV_MAPS (with the additive rule); `--variants=hc,hc:hc_recompute=True`
 sets keys of a variant's own, such as its rule's options, and `additive:config/modern.py` stacks
-a config file over one (the rule in the modern block).
+a config file over one (the rule in the modern block). With --compile the table gives each variant's
+time to compile (its first iteration's less a timed one's); `--variants=mhc:compile=False,mhc,
+mhc:compile_scope=model` times mHC eager, compiled a block at a time (the default) and whole.
 """
 
 import argparse
@@ -169,8 +171,10 @@ def main(argv=None):
     p.add_argument('--sample_tokens', type=int, default=500, help='new tokens per timed generation')
     p.add_argument('--rules', action='store_true', help='time each update rule and Q/K/V map alone instead')
     args, rest = p.parse_known_args(argv)
-    configs = {v: replace(configure.load(args.config + rest + overrides(v)), compile=args.compile)
-               for v in args.variants.split(',')}
+    # cold compiles: the compile column times one, not a hit in inductor's caches of an earlier run
+    torch._inductor.config.force_disable_caches = args.compile
+    compiled = [f'--compile={args.compile}']  # before the variants' keys: `additive:compile=False` times eager mode
+    configs = {v: configure.load(args.config + rest + compiled + overrides(v)) for v in args.variants.split(',')}
     base = replace(configure.load(args.config + rest), compile=args.compile)
     env = parallel.setup(base)
     try:
@@ -205,12 +209,12 @@ def bench(base, configs, env, args):
     # before any step, while each model holds only its weights: beside every model's gradients and
     # optimizer state, an eager forward at the GPT-2 shape does not fit in one GPU
     saved = {v: r.saved_for_backward() for v, r in runners.items()}
-    times = time_steps(runners, args)
+    times, first = time_steps(runners, args)
     if args.profile:
         for v, r in runners.items():
             profile(r, os.path.join(args.profile, v))
     if env.master:
-        step_table(runners, times, saved, args)
+        step_table(runners, times, first, saved, args)
     if args.dynamics and env.master:
         dynamics_table(runners, times, base, args)
 
@@ -227,34 +231,40 @@ def dynamics_table(runners, times, base, args):
 
 
 def time_steps(runners, args):
-    """{variant: seconds per iteration in each round}: warmup, then interleaved rounds."""
+    """({variant: seconds per iteration in each round}, {variant: seconds of its first iteration}): warmup, then
+    interleaved rounds. Compiled, the first iteration compiles (training's graphs; evaluation's would be more)."""
+    first = {}
     for v, r in runners.items():
         t0 = time.perf_counter()
-        for _ in range(args.warmup):
+        r.step()
+        r.sync()
+        first[v] = time.perf_counter() - t0
+        for _ in range(args.warmup - 1):
             r.step()
         r.sync()
         if r.run.env.master:  # as it goes: a run stopped at a time limit still shows how far it got
             print(f"{v}: warmed up ({args.warmup} iterations{', compiled in the first' if args.compile else ''}) in "
-                  f"{time.perf_counter() - t0:.1f} s", flush=True)
+                  f"{time.perf_counter() - t0:.1f} s, the first {first[v]:.1f} s", flush=True)
     times = {v: [] for v in runners}
     for _ in range(args.repeats):
         for v, r in runners.items():
             times[v].append(r.time(args.steps))
-    return times
+    return times, first
 
 
-def step_table(runners, times, saved, args):
-    first = next(iter(runners))
-    r0 = runners[first]
+def step_table(runners, times, first, saved, args):
+    first_variant = next(iter(runners))
+    r0 = runners[first_variant]
     c, peak = r0.run.task.cfg, peak_flops(r0.run.env.device, args.peak_tflops)
     shape = f"block {c.block_size}" if r0.run.task.unit == 'tok' else f"{c.image_size}px images in {c.patch_size}px patches"
     print(f"{r0.run.env.device}, {r0.run.env.dtype}, {torch.get_num_threads()} threads, compile={args.compile}, "
           f"{r0.run.env.world} process(es){', FSDP' if r0.run.env.fsdp else ''}; batch {c.batch_size} x {shape} x accum "
           f"{c.gradient_accumulation_steps}, {c.n_layer} layers x {c.n_embd}; median of {args.repeats} interleaved "
           f"rounds of {args.steps} iterations")
+    compiling = ' compile, s |' if args.compile else ''  # the first iteration's time less a timed one's
     print(f"| variant | parameters | ms/iter (median) | spread (min-max) | {r0.run.task.unit}/s | MFU | peak memory | "
-          f"saved for backward | vs {first} |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          f"saved for backward | vs {first_variant} |{compiling}")
+    print("|---|---|---|---|---|---|---|---|---|" + '---|' * bool(compiling))
     for v, r in runners.items():
         ts = sorted(times[v])
         med, items = median(ts), r.run.task.items_per_iter
@@ -263,7 +273,8 @@ def step_table(runners, times, saved, args):
                f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB (process)")
         print(f"| {v} | {r.run.raw_model.num_params():,} | {med * 1e3:.1f} | {ts[0] * 1e3:.1f}-{ts[-1] * 1e3:.1f} | "
               f"{items / med:,.0f} | {mfu} | {mem} | {mib(saved[v])} | "
-              f"{paired_overhead(times[v], times[first]) * 100:+.1f}% |")
+              f"{paired_overhead(times[v], times[first_variant]) * 100:+.1f}% |"
+              + (f" {first[v] - med:.1f} |" if compiling else ''))
 
 
 def mib(n):

@@ -2,6 +2,7 @@
 
     python tools/suite.py             # one GPU (H100 or H200)
     python tools/suite.py --runbook   # a lent GPU's first call: the fused kernels checked, then timed (7 minutes)
+    python tools/suite.py --stages=compile   # its second: compile time at the GPT-2 shape, a block at a time and whole
     python tools/suite.py --smoke     # a CPU at tiny shapes: what the suite's test runs
 
 Each stage runs in its own process with a time limit and writes OUT/<stage>.md; OUT/suite.md
@@ -30,6 +31,10 @@ gathers them, each with its command and wall time, in the form the docs' GPU sec
                        wide streams on their fused Triton kernels (HC, mHC with each H_res constraint) and on the
                        rules' own PyTorch (HC, mHC), against additive, with MFU, peak memory and the
                        activations each saves for backward
+  compile              tools/bench.py at the GPT-2 124M shape, one micro-step of 12 x 1024 tokens: additive, HC and
+                       mHC compiled a block at a time (compile_scope=blocks, the default) and whole (=model), each
+                       compile a cold one: the time to compile and the step, both ways (docs/performance.md,
+                       "Compiling deep models"). Its own call: with the runbook it would pass a call's 10 minutes
   kernel_bw            tools/bench_kernels.py: each fused kernel's time at that shape, and the bandwidth of the bytes
                        it must move beside a device-to-device copy's
   generate             tools/bench.py --sample: tokens/s with and without the KV cache, 16 x 256, every variant, eager
@@ -57,7 +62,7 @@ there from its input.txt or the download before any stage runs; where neither is
 A lent GPU machine has no network and gets no ignored file unless it is carried: carry data/shakespeare_char/input.txt.
 The stage limits add up to more than one command may run on a lent machine (10 minutes): run the stages in
 calls of their own, each within it: --runbook (kernel_check,selfcheck,train_check,kernel_bw: 7 minutes),
---stages=kernels (7 minutes), --stages=step_ddp,profile,microbatch,
+--stages=compile (8 minutes), --stages=kernels (7 minutes), --stages=step_ddp,profile,microbatch,
 --stages=step_fsdp,step_modern, --stages=generate,decode,decode_gpt2, --stages=shakespeare, --stages=miniseries. Beside each OUT/<stage>.md
 lies OUT/<stage>.log, everything the stage printed.
 At its limit a stage gets SIGTERM (training runs save a checkpoint and stop), and SIGKILL 45 s later (GRACE).
@@ -94,7 +99,8 @@ TINY = ['config/owt_smoke.py', '--n_layer=1', '--n_head=2', '--n_embd=16', '--bl
 LIMITS = {'kernel_check': 90, 'selfcheck': 150, 'train_check': 120, 'kernels': 420, 'kernel_bw': 60, 'step_ddp': 420,
           'step_fsdp': 420, 'step_modern': 150, 'profile': 120,
           'microbatch': 240, 'generate': 360, 'decode': 100, 'decode_gpt2': 80, 'shakespeare': 590,
-          'miniseries': 540}  # estimates: kernel_check to kernel_bw, step_modern, microbatch, decode to miniseries
+          'miniseries': 540, 'compile': 480}  # estimates: kernel_check to kernel_bw, step_modern, microbatch, decode
+# to miniseries, compile
 GRACE = 45  # seconds from a stage's SIGTERM at its limit to SIGKILL
 CHECKS = ('kernel_check', 'selfcheck', 'train_check')  # a failed one skips the stages after it
 RUNBOOK = (*CHECKS, 'kernel_bw')  # --runbook: the kernels checked on the GPU, then timed; 7 minutes by the limits
@@ -181,6 +187,9 @@ def stages(out, smoke, shakespeare_data, bpe_data='data/fineweb-edu', chosen=())
         'step_modern': [*py, 'tools/bench.py', *shape, *([] if smoke else ['--gradient_accumulation_steps=1']), *data,
                         *timing, f"--variants={','.join(MODERN)}"],
         'kernel_bw': [*py, 'tools/bench_kernels.py', *(['--smoke'] if smoke else [])],
+        'compile': [*py, 'tools/bench.py', *shape, *([] if smoke else ['--gradient_accumulation_steps=1']), *data,
+                    *timing, '--variants=' + ','.join(f'{rule}{scope}' for rule in ('additive', 'hc', 'mhc')
+                                                       for scope in ('', ':compile_scope=model'))],
         'generate': no_text or [*py, 'tools/bench.py', 'config/shakespeare_add.py', *small, *sh_data, '--sample',
                                 '--repeats=1', f"--sample_tokens={8 if smoke else 500}"],
         'decode': no_text or [*py, 'tools/bench.py', 'config/shakespeare_add.py', *small, *sh_data, *decode,

@@ -7,8 +7,8 @@ import torch
 from torch._dynamo.utils import counters
 
 import train
-from model import GPT, DecodeState
-from orthogpt import decoding
+from model import GPT, RESIDUALS, DecodeState
+from orthogpt import decoding, parallel
 from orthogpt.maps import maps_held
 
 VARIANTS = [dict(residual='additive'), dict(residual='rotation'), dict(residual='ngpt'),
@@ -50,6 +50,53 @@ def test_compiles_in_one_graph(variant, qkv, gpt_config):
     assert torch.allclose(losses[0], losses[1], rtol=1e-5)
     for a, b in zip(*grads):
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+RULES = [dict(residual=rule) for rule in RESIDUALS] + [dict(residual=rule, **MODERN) for rule in RESIDUALS] + [
+    dict(residual='attnres', attnres_block=3), dict(residual='additive', x0_mix='nanochat')]
+
+
+def compiled_step(model, backend, idx):
+    """(losses, gradients) of one forward and backward of eager mode's and of parallel.compiled_blocks(model,
+    backend=backend)'s."""
+    losses, grads = [], []
+    for m in (model, parallel.compiled_blocks(model, backend=backend)):
+        torch.manual_seed(1)
+        _, loss = m(idx, torch.roll(idx, -1, 1))
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append([p.grad.clone() for p in model.parameters()])
+        model.zero_grad()
+    return losses, grads
+
+
+@pytest.mark.parametrize('variant', RULES + [dict(residual='rotation', qkv='cayley')],
+                         ids=lambda v: '-'.join(map(str, v.values())))
+def test_a_block_at_a_time_computes_eager_modes_loss_and_gradients(variant, gpt_config):
+    """Per-block compile (parallel.compiled_blocks, train.py's default), through AOTAutograd's backward (aot_eager:
+    inductor's input, without its minutes of compiling on a CPU), gives eager mode's loss and gradients; with an
+    orthogonal Q/K/V map too, whose parametrized Linear is a class of its own in each block (a graph a block)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    losses, grads = compiled_step(GPT(gpt_config(**variant)).train(), 'aot_eager', torch.randint(11, (2, 16)))
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-6)
+    for a, b in zip(*grads):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize('variant', RULES, ids=lambda v: '-'.join(map(str, v.values())))
+def test_a_block_at_a_time_traces_as_many_graphs_at_any_depth(variant, gpt_config):
+    """A forward and backward of 8 layers traces as many graphs as one of 4 (the depth rules through Depth's lists of
+    one length; blocks of 3 sublayers fall in 3 patterns): compile time that does not grow with depth. Dynamo's
+    graphs, counted on its eager backend."""
+    counts = []
+    for n_layer in (4, 8):
+        torch._dynamo.reset()
+        traced = []
+        model = GPT(gpt_config(n_layer=n_layer, **variant)).train()
+        compiled_step(model, lambda gm, inputs: traced.append(gm) or gm.forward, torch.randint(11, (2, 16)))
+        counts.append(len(traced))
+    assert counts[0] == counts[1], counts
 
 
 DECODERS = [dict(residual='additive', qkv='cayley'), dict(residual='rotation'), dict(residual='ngpt', qkv='exp'),
@@ -124,23 +171,49 @@ def test_several_models_decoded_in_turn_through_the_compiled_step_each_draw_thei
             assert torch.equal(run(model, compile=True), tokens)
 
 
-@pytest.mark.parametrize('variant', [
-    ['--residual=orthogonal', '--ortho_prob=0.5', '--dropout=0.1'], ['--residual=mhc', '--qkv=exp'],
-    ['--residual=ngpt'], ['--residual=rotation', '--optimizer=muon', '--qkv=cayley'], ['config/modern.py']],
-    ids=['orthogonal-dropout', 'mhc-exp', 'ngpt', 'rotation-muon-cayley', 'modern'])
-def test_compiled_training_traces_once_for_training_and_once_for_evaluation(variant, tiny, char_data, tmp_path, logs,
-                                                                              monkeypatch):
+TRAINED = {'orthogonal-dropout': ['--residual=orthogonal', '--ortho_prob=0.5', '--dropout=0.1'],
+           'mhc-exp': ['--residual=mhc', '--qkv=exp'], 'ngpt': ['--residual=ngpt'],
+           'rotation-muon-cayley': ['--residual=rotation', '--optimizer=muon', '--qkv=cayley'],
+           'modern': ['config/modern.py'], 'attnres': ['--residual=attnres'], 'denseformer': ['--residual=denseformer']}
+
+
+@pytest.mark.parametrize('variant,scope', [(v, 'blocks') for v in TRAINED.values()] + [
+    (TRAINED['orthogonal-dropout'], 'model'), (TRAINED['modern'], 'model')],
+    ids=[*TRAINED, 'orthogonal-dropout-whole', 'modern-whole'])
+def test_compiled_training_traces_once_for_training_and_once_for_evaluation(variant, scope, tiny, char_data, tmp_path,
+                                                                              logs, monkeypatch):
     """train.py's compiled model (the default on CUDA) over 8 iterations of 2 micro-steps and 5 evaluations: dynamo
-    traces two graphs, training's and evaluation's (grad mode off), and never again, as a step that recompiled would
-    run slower or, past dynamo's cache limit, eagerly; the losses are the uncompiled loop's. Dynamo's eager backend
-    stands for inductor, whose compile takes minutes on a CPU: recompiles are dynamo's, whatever the backend."""
+    traces training's graphs and evaluation's (grad mode off) in the first of each and never again, as a step that
+    recompiled would run slower or, past dynamo's cache limit, eagerly; the losses are the uncompiled loop's. Whole
+    (compile_scope=model), that is two graphs; a block at a time, as many as one iteration and one evaluation trace
+    (a block of its own: the first, where it reads the embeddings, or one with value embeddings). Dynamo's eager
+    backend stands for inductor, whose compile takes minutes on a CPU: recompiles are dynamo's, whatever the backend."""
     compile_ = torch.compile
     monkeypatch.setattr(torch, 'compile', lambda model, **kw: compile_(model, backend='eager', **kw))
-    args = ['config/shakespeare_add.py', *tiny, f'--data_dir={char_data}', '--max_iters=8', '--eval_interval=2',
-            '--gradient_accumulation_steps=2', *variant]
-    torch._dynamo.reset()
-    counters.clear()
-    train.main([*args, '--compile=True', f'--out_dir={tmp_path / "compiled"}'])
-    assert counters['stats']['unique_graphs'] == 2
-    train.main([*args, f'--out_dir={tmp_path / "eager"}'])
+    args = ['config/shakespeare_add.py', *tiny, f'--data_dir={char_data}', '--eval_interval=2',
+            '--gradient_accumulation_steps=2', *variant, f'--compile_scope={scope}']
+
+    def graphs(out, *more):
+        torch._dynamo.reset()
+        counters.clear()
+        train.main([*args, *more, '--compile=True', f'--out_dir={tmp_path / out}'])
+        return counters['stats']['unique_graphs']
+    traced = graphs('compiled', '--max_iters=8')
+    assert traced == (2 if scope == 'model' else graphs('first', '--max_iters=1', '--eval_interval=1'))
+    train.main([*args, '--max_iters=8', f'--out_dir={tmp_path / "eager"}'])
     assert logs.losses(tmp_path / 'compiled') == logs.losses(tmp_path / 'eager')
+
+
+@pytest.mark.parametrize('variant', [dict(residual='attnres', attnres_block=2),
+                                     dict(residual='orthogonal', ortho_mode='global', **MODERN)],
+                         ids=lambda v: '-'.join(map(str, v.values())))
+def test_a_block_at_a_time_decodes_eager_modes_greedy_tokens(variant, gpt_config):
+    """Generation through the per-block compiled model, its blocks reading and writing the DecodeState, past moves of
+    the window: the greedy tokens of the eager model."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = GPT(gpt_config(n_layer=3, **variant)).eval()
+    prompt = torch.randint(11, (2, 3))
+    eager = decoding.generate(model, prompt, 24, top_k=1)
+    compiled = parallel.compiled_blocks(model, backend='aot_eager')
+    assert torch.equal(decoding.generate(compiled, prompt, 24, top_k=1), eager)

@@ -61,7 +61,8 @@ def test_uniform_depth_reads_the_mean_of_the_sources(gpt_config):
     queried = [m for _, _, m in ablations.rule_modules(model) if m.query is not None]  # not the first: one source
     for m in queried:
         depth = Depth(sources[0])
-        depth.outputs += sources[1:]
+        for v in sources[1:]:
+            depth.append(v)
         read = m.prepare(sources[0], Sublayer(depth=depth))
         torch.testing.assert_close(read, sum(sources) / 3, rtol=1e-14, atol=1e-14)
     assert len(queried) == 4  # the read-out too

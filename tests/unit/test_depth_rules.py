@@ -194,7 +194,8 @@ def test_attnres_with_zero_queries_reads_the_uniform_mean_of_its_sources():
     rule = AttentionResidual(16, 3).double()
     sources = [torch.randn(2, 5, 16, dtype=torch.float64) for _ in range(4)]
     depth = Depth(sources[0])
-    depth.outputs += sources[1:]
+    for v in sources[1:]:
+        depth.append(v)
     read = rule.prepare(sources[0], Sublayer(depth=depth))
     torch.testing.assert_close(read, sum(sources) / 4, rtol=1e-14, atol=1e-14)
 
