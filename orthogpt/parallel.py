@@ -233,7 +233,8 @@ def parallelize(model, cfg, env):
     """The model to train, wrapped. FSDP2 shards every block and then the whole model over the process
     group (fully_shard), casting parameters to env's dtype for compute (the raw W of a Q/K/V map
     stays float32; autocast runs as without FSDP) and reducing gradients in float32; DDP keeps a
-    replica per process. torch.compile (cfg.compile; default: on CUDA) comes between. fully_shard
+    replica per process. torch.compile (cfg.compile; default: on CUDA; a block at a time, compiled_blocks, but under
+    FSDP) comes between. fully_shard
     shards `model` itself: an optimizer built on it afterwards holds the shards. A rule that reads across depth
     (ResidualUpdate.depth) sends gradients into a block's inner tensors from later blocks, past the block's outputs
     where FSDP gathers its weights for backward: its blocks are sharded with the whole model, as one group."""
@@ -247,7 +248,8 @@ def parallelize(model, cfg, env):
                 fully_shard(block, mp_policy=mp)
         fully_shard(model, mp_policy=mp)
     if cfg.compile if cfg.compile is not None else env.device_type == 'cuda':
-        model = compiled_blocks(model) if cfg.compile_scope == 'blocks' else torch.compile(model)
+        # under FSDP, whole: a view of the sharded model's blocks, compiled, is untried
+        model = compiled_blocks(model) if cfg.compile_scope == 'blocks' and not env.fsdp else torch.compile(model)
     if env.ddp and not env.fsdp:
         model = DDP(model, device_ids=[env.local_rank] if env.device_type == 'cuda' else None)
     return model

@@ -8,7 +8,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 HERE=docs/logs/compile_depth
-LIMIT=${LIMIT:-900}
+LIMIT=${LIMIT:-300}
 for L in 4 32 16; do
   for rule in add:additive ortho:orthogonal rot:rotation ngpt:ngpt hc:hc mhc:mhc ddl:ddl attnres:attnres \
               denseformer:denseformer; do
@@ -16,11 +16,15 @@ for L in 4 32 16; do
     [[ -s $out ]] && continue
     bench=(python tools/bench.py "config/shakespeare_$file.py" config/cpu.py --n_embd=64 "--n_layer=$L" --compile
            --steps=10 --repeats=7 --warmup=2)
-    if ! timeout "$LIMIT" "${bench[@]}" "--variants=$name:compile=False,$name,$name:compile_scope=model" \
-        > "$out.part" 2>&1; then
-      echo "whole-model compile: not finished in $LIMIT s (timeout)" > "$out.part.timeout"
-      { cat "$out.part.timeout"; "${bench[@]}" "--variants=$name:compile=False,$name"; } > "$out.part" 2>&1
-      rm -f "$out.part.timeout"
+    timeout "$LIMIT" "${bench[@]}" "--variants=$name:compile=False,$name,$name:compile_scope=model" > "$out.part" 2>&1
+    status=$?
+    if (( status == 124 )); then
+      { echo "whole-model compile: not finished in $LIMIT s (timeout)"
+        "${bench[@]}" "--variants=$name:compile=False,$name"; } > "$out.part" 2>&1 || status=1
+    fi
+    if (( status != 0 && status != 124 )); then
+      echo "$out.part: failed (exit $status)" >&2
+      exit 1
     fi
     mv "$out.part" "$out"
     echo "$out: $(grep -c '^| ' "$out") table lines"
