@@ -159,12 +159,13 @@ def keep(run):
 
 def trained_otherwise(run):
     """{key: (run's value, the value of the run in run's folder)} where the two configs differ, but
-    for out_dir: a folder may hold a run that another comparison trained with the same config (a link)."""
+    for out_dir (a folder may hold a run that another comparison trained with the same config: a link)
+    and compile (--compile=auto chooses by the iterations a run has left)."""
     before = Status.read(run).argv
     if before is None:  # never run by a comparison
         return {}
     ours, theirs = asdict(run.cfg), asdict(load(before, run.name))
-    return {k: (ours[k], theirs[k]) for k in ours if k != 'out_dir' and ours[k] != theirs[k]}
+    return {k: (ours[k], theirs[k]) for k in ours if k not in ('out_dir', 'compile') and ours[k] != theirs[k]}
 
 
 def start(run):

@@ -11,7 +11,7 @@ import os
 import statistics
 from dataclasses import dataclass, field, replace
 
-from orthogpt import files, lock, logs, plots, progress, results, slurm, stats
+from orthogpt import compile_choice, files, lock, logs, plots, progress, results, slurm, stats
 from orthogpt.errors import UserError
 from orthogpt.launcher import Progress, Status, execute, final_loss, finished
 from orthogpt.planning import SEEDS, TUNING_SEED, Case, cases, label_of, parse_set, plan
@@ -40,10 +40,24 @@ class Spec:
     launcher: str = 'local'  # 'local': train.py processes here; 'slurm': a Slurm job a run (orthogpt/slurm.py)
     sbatch: list = field(default_factory=list)  # sbatch's options for every job (--partition=..., --time=...)
     collect: bool = False  # start and wait for nothing: read the runs as they stand
+    compile: str = 'auto'  # 'auto': each run compiles where a probe says it pays (orthogpt/compile_choice.py); 'True', 'False': every run
+    probe_iters: int = 40  # --compile=auto: iterations of each probe
+
+    def __post_init__(self):
+        if self.probe_iters < 4:
+            raise UserError(f"--probe_iters={self.probe_iters}: a probe needs 4 iterations or more (its first log "
+                            f"window is its warm-up, the others time its steps)")
+        if self.compile != 'auto':
+            self.extra = [*self.extra, f'--compile={self.compile}']
 
 
 def add_launcher_options(parser):
-    """The options that say where a comparison's runs run, for the command lines of this engine."""
+    """The options that say where and how a comparison's runs run, for the command lines of this engine."""
+    parser.add_argument('--compile', choices=['auto', 'True', 'False'], default='auto',
+                        help="'auto': each model is probed, eager and compiled, and a run compiles where its length "
+                             "pays for compiling (OUT/compile.md); True or False: every run")
+    parser.add_argument('--probe_iters', type=int, default=40, metavar='N',
+                        help='--compile=auto: iterations of each probe (runs shorter than 10 probes are not probed)')
     parser.add_argument('--launcher', choices=['local', 'slurm'], default='local',
                         help="'local': train.py processes on this machine, --nproc at once; 'slurm': each run a "
                              "Slurm job of tools/slurm/train.sbatch, submitted from here")
@@ -57,6 +71,13 @@ def run_all(spec, runs, watch):
     """The runs run (spec.launcher), or, with spec.collect, left as they stand."""
     if spec.collect:
         return
+    if spec.compile == 'auto':
+        compile_choice.choose(runs, spec.probe_iters, spec.out,
+                              lambda probes: dispatch(spec, probes, Progress(probes, spec.progress)))
+    dispatch(spec, runs, watch)
+
+
+def dispatch(spec, runs, watch):
     if spec.launcher == 'slurm':
         slurm.execute(runs, spec.sbatch, watch)
     else:

@@ -93,7 +93,7 @@ def parse_args(argv):
     return args, sweep.Spec(configs=args.configs, stack=args.stack, extra=extra, seeds=args.seeds,
                             set=[f"depth={','.join(map(str, args.depths))}"], per=args.per, baseline=args.baseline,
                             nproc=args.nproc, out=args.out, launcher=args.launcher, sbatch=shlex.split(args.sbatch),
-                            collect=args.collect)
+                            collect=args.collect, compile=args.compile, probe_iters=args.probe_iters)
 
 
 def check(args, extra):

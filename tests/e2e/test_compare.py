@@ -313,3 +313,29 @@ def test_the_command_lines_are_thin():
     for tool in ('compare.py', 'miniseries.py'):
         with open(os.path.join(ROOT, 'tools', tool)) as f:
             assert len(f.read().splitlines()) <= 300, tool
+
+
+@pytest.mark.slow
+def test_compile_auto_probes_each_model_and_records_each_runs_choice(compared, tmp_path):
+    """--compile=auto trains a model eager and compiled for --probe_iters in OUT/probes/, then each run's config.json
+    holds the choice its length and the probes' figures give (compile.md's break-even); the same command again keeps
+    the runs and the probes."""
+    root, _, _ = compared
+    tiny = [a for a in TINY if not a.startswith(('--compile=', '--max_iters='))]
+    args = [CONFIGS[0], '--seeds=1', f'--out={tmp_path}', *tiny, f'--data_dir={root / "data"}', '--probe_iters=4',
+            '--set', 'max_iters=40,100']
+    compare.main(args)
+    row = next(line for line in (tmp_path / 'compile.md').read_text().splitlines() if line.startswith('| shakespeare'))
+    even = row.split(' | ')[4]
+    even = float('inf') if even == 'never' else float(even.replace(',', ''))
+    for n in (40, 100):
+        with open(tmp_path / f'shakespeare_add-max_iters{n}-s1' / 'config.json') as f:
+            assert json.load(f)['compile'] is (n > even)
+    eager, compiled = sorted((tmp_path / 'probes').iterdir(), key=lambda p: p.name.endswith('-compiled'))
+    assert (eager.name, compiled.name) == (row.split(' | ')[0][2:] + '-eager', row.split(' | ')[0][2:] + '-compiled')
+    for probe, flag in ((eager, False), (compiled, True)):
+        with open(probe / 'config.json') as f:
+            assert json.load(f)['compile'] is flag
+    stamp = (compiled / 'log.jsonl').stat().st_mtime
+    compare.main(args)
+    assert (compiled / 'log.jsonl').stat().st_mtime == stamp

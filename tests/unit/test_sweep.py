@@ -3,13 +3,15 @@ names, which a half-finished study resumes in, and the settings each run gets), 
 extended at its edge, and the order in which a second phase follows its first (a process stood in
 for)."""
 
+import hashlib
 import json
 import os
 import time
 
 import pytest
 
-from orthogpt import launcher, planning, sweep
+from orthogpt import compile_choice, launcher, planning, sweep
+from orthogpt.errors import UserError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 CONFIGS = [os.path.join(ROOT, 'config', c) for c in ('shakespeare_add.py', 'shakespeare_rot.py')]
@@ -93,3 +95,41 @@ def test_a_second_phase_waits_until_its_first_phase_has_exited(tmp_path, monkeyp
     launcher.launch([second], running, 2, {}, 1, launcher.Progress([first, second], every=0))
     assert (tmp_path / 'second' / 'ckpt.pt').read_bytes() == b'final checkpoint'
     assert len(started) == 1 and '--init_from=resume' in started[0]
+
+
+def probe_folder(out, name, windows_ms, wall_s, iters=40):
+    """A finished probe's folder as train.py and the launcher leave it: log windows, the last evaluation, run.json."""
+    folder = out / 'probes' / name
+    folder.mkdir(parents=True)
+    step = iters // len(windows_ms)
+    lines = [dict(iter=step * (i + 1), ms_per_iter=ms) for i, ms in enumerate(windows_ms)] + [dict(iter=iters, val_loss=2.0)]
+    (folder / 'log.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in lines))
+    (folder / 'run.json').write_text(json.dumps(dict(returncode=0, wall_s=wall_s, argv=[])))
+
+
+def test_compile_auto_compiles_the_runs_longer_than_their_probes_break_even(tmp_path):
+    """e = 100 ms, c = 60 ms (the windows after the first), K = (40 - 10) - 40 x (0.06 - 0.1) = 31.6 s: the break-even
+    is 790 iterations, so the 1000-iteration run compiles and the 500-iteration one does not. The rotation runs' probe
+    did not finish: they run as their config says. A model whose runs are all under 10 probes is not probed."""
+    spec = spec_of(tmp_path, lengths=[500, 1000], extra=['--n_layer=1'])
+    runs = sweep.planned(spec) + sweep.planned(spec_of(tmp_path, configs=CONFIGS[:1], extra=['--n_layer=2'],
+                                                       set=['max_iters=300']))
+    stem = f'shakespeare_add-{hashlib.sha1(repr(compile_choice.key_of(runs[0].cfg)).encode()).hexdigest()[:8]}'
+    probe_folder(tmp_path, f'{stem}-eager', [900, 100, 90, 100], 10.0)
+    probe_folder(tmp_path, f'{stem}-compiled', [30000, 60, 60, 70], 40.0)
+    probed = []
+    rows = compile_choice.choose(runs, 40, str(tmp_path), probed.extend)
+    assert [p.name.startswith('shakespeare_rot-') for p in probed] == [True, True]
+    assert [r[1:] for r in rows] == [pytest.approx((0.1, 0.06, 31.6, 790.0, 1, 2))]
+    chosen = {r.name: (r.cfg.compile, r.argv[-1]) for r in runs}
+    assert chosen['shakespeare_add-max_iters1000-s1'] == (True, '--compile=True')
+    assert chosen['shakespeare_add-max_iters500-s1'] == (False, '--compile=False')
+    assert chosen['shakespeare_rot-max_iters1000-s1'][0] is None
+    assert chosen['shakespeare_add-max_iters300-s1'][0] is None
+    assert f'| {stem} | 100.0 | 60.0 | 31.6 | 790 | 1 of 2 |' in (tmp_path / 'compile.md').read_text()
+
+
+def test_a_forced_compile_goes_to_every_run_and_a_probe_needs_four_iterations(tmp_path):
+    assert all(r.cfg.compile is False for r in sweep.planned(spec_of(tmp_path, compile='False')))
+    with pytest.raises(UserError, match='--probe_iters=2: a probe needs 4 iterations'):
+        spec_of(tmp_path, probe_iters=2)
