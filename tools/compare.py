@@ -49,6 +49,15 @@ optimizer state (App. C.3); with it the first phase is a complete run of --switc
 (its schedule decays there) and the second restarts the optimizer and the schedule, warmup
 included (Sec. 4.3).
 
+Compiling: --compile=auto (the default) measures whether it pays (orthogpt/compile_choice.py). Each
+model of the comparison (runs that differ only in seed, rates, length or logging share one) trains
+--probe_iters iterations (40) eager and compiled in OUT/probes/, --nproc at a time as the runs do;
+from their steady ms/iter and their wall times, compiling's one-off cost over what it saves a step
+is the break-even, and a run compiles where it has more iterations left than that (a resume pays
+the compile again). OUT/compile.md tables the probes, and each run's config.json its choice. Models
+whose runs are all shorter than 10 probes are not probed and run as their config says.
+--compile=True or False sets every run instead. A finished run is kept whichever way it ran.
+
 Writes OUT/results.md: the tuning table (with --tune); a row per config x setting (x switch
 value, x length) with its parameter count, mean +- sample std over its finished seeds of the best
 and the final validation loss (and the final top-1 / top-5 for images), the paired difference,

@@ -30,3 +30,12 @@ done
 # shellcheck disable=SC2086
 python tools/compare.py $RULES --stack=config/cpu.py $ARGS --dynamics=True --dynamics_interval=2000 "$@" \
   --out="$OUT/gpt2-adamw-16"
+# Muon at 16 layers in the modern block: additive and every rule better than modern additive at 16 layers under
+# AdamW, else orthogonal and rotation (table.py --muon says which, with each rule's AdamW rate from above for the
+# parameters Muon leaves to AdamW); muon_lr tuned on seed 1337 as above, Muon's weight decay 0.1 (additive's, tuned
+# at 4 layers in GPT-2's block: config/cpu.py).
+MUON=$(python docs/logs/depth16/table.py --collect "$OUT" --muon)
+# shellcheck disable=SC2086
+python tools/compare.py $MUON --stack=config/modern.py --stack=config/muon.py --stack=config/cpu.py --set n_layer=16 \
+  --n_embd=64 --muon_weight_decay=0.1 --tune muon_lr=0.005,0.01,0.02 --seeds=5 --nproc="${NPROC:-2}" "$@" \
+  --out="$OUT/modern-muon-16"
