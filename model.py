@@ -280,8 +280,9 @@ class HyperConnection(ResidualUpdate):
         h_0 = A_m^T H,   H' = A_r^T H,   H <- B^T T(h_0) + H'                         (Eq. 3-5)
 
     with B, A_m (n) and A_r (n x n) static (SHC) or, by default, dynamic (DHC, Eq. 10-13): B = s_beta tanh(H_bar
-    W_beta) + B_s, [A_m A_r] = s_alpha tanh(H_bar W_alpha) + [A_m A_r]_s, H_bar = LayerNorm(H) (Alg. 2), s from 0.01.
-    Init (Eq. 14): B = 1, A_m the one-hot of copy layer mod n, A_r = I, W = 0. Coefficients and sums in float32, the
+    W_beta) + B_s, [A_m A_r] = s_alpha tanh(H_bar W_alpha) + [A_m A_r]_s, H_bar = LayerNorm(H) (Alg. 2), s from 0.01;
+    W = [W_alpha | W_beta] (d x (n + 2)) is one parameter, so that one product gives both. Init (Eq. 14): B = 1, A_m
+    the one-hot of copy layer mod n, A_r = I, W = 0. Coefficients and sums in float32, the
     copies in stream_dtype. hc_recompute: [mHC] Sec. 4.3. hc_kernels: fused kernels of prepare and forward (KERNELS)."""
 
     @dataclass
@@ -308,7 +309,7 @@ class HyperConnection(ResidualUpdate):
         self.n, self.dynamic, self.recompute, self.kernels = n, dynamic, recompute, kernels
         if dynamic:
             self.norm = nn.LayerNorm(d)
-            self.W_alpha, self.W_beta = nn.Parameter(torch.zeros(d, n + 1)), nn.Parameter(torch.zeros(d, 1))
+            self.W = nn.Parameter(torch.zeros(d, n + 2))  # [W_alpha | W_beta]
             self.s_alpha, self.s_beta = nn.Parameter(torch.full((1,), 0.01)), nn.Parameter(torch.full((1,), 0.01))
 
     @classmethod
@@ -330,7 +331,7 @@ class HyperConnection(ResidualUpdate):
     def operands(self):  # the read's tensors, project()'s and the fused kernels' (which read nothing else of a rule)
         """(kind, W, a, b, norm): products z = Norm(H) W, 'layernorm' per copy with norm's (weight, bias, eps), the read
         weights a tanh(z_i0) + b_i ('rms': mHC's); None where static (maps(None) alone)."""
-        return ('layernorm', torch.cat([self.W_alpha, self.W_beta], 1), self.s_alpha, self.static_alpha[:, 0],
+        return ('layernorm', self.W, self.s_alpha, self.static_alpha[:, 0],
                 (self.norm.weight, self.norm.bias, self.norm.eps)) if self.dynamic else None
 
     def project(self, H):

@@ -28,6 +28,7 @@ Imports flow one way: model.py <- configure/ <- this package <- scripts and tool
     sweep        the experiment engine of tools/compare.py and tools/miniseries.py: a comparison planned, run, read back
     planning     a comparison's runs: configs x settings x seeds, each a train.py argv in the folder named for it
     launcher     a plan's runs as train.py processes, a few at a time, watched, stopped by a signal with a checkpoint
+    compile_choice  whether a comparison's runs compile: each model timed eager and compiled, the break-even
     slurm        a plan's runs as Slurm jobs of tools/slurm/train.sbatch: submitted once, watched through squeue
     stats        a comparison's numbers: mean ± std, paired differences ± standard error, the speedup protocol
     results      a comparison's results.md

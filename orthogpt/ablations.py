@@ -44,9 +44,9 @@ def mixing_identity(model, fresh):
             m.res, m.b_res, m.a_res = 'identity', None, None  # kernels' proof), H_pre's and H_post's products kept
             if m.dynamic:
                 m.phi = torch.nn.Parameter(m.phi[:, :2 * m.n].clone())
-        else:  # A_r^T = static_alpha[:, 1:] + s_alpha tanh(H_bar W_alpha[:, 1:]), at init I and 0
+        else:  # A_r^T = static_alpha[:, 1:] + s_alpha tanh(H_bar W_alpha[:, 1:]), at init I and 0 (W = [W_alpha | W_beta])
             put_back(m, f, 'static_alpha', COLUMN(slice(1, None)))
-            put_back(m, f, 'W_alpha', COLUMN(slice(1, None)))
+            put_back(m, f, 'W', COLUMN(slice(1, m.n + 1)))
 
 
 @torch.no_grad()
@@ -57,9 +57,9 @@ def maps_at_init(model, fresh):
             for name in ('b_pre', 'b_post', 'a_pre', 'a_post'):
                 put_back(m, f, name)
             put_back(m, f, 'phi', COLUMN(slice(0, 2 * m.n)))
-        else:  # A_m: static_alpha[:, 0] and its product's column W_alpha[:, 0]; B: static_beta and W_beta
-            for name, index in (('static_alpha', COLUMN(0)), ('W_alpha', COLUMN(0)), ('static_beta', slice(None)),
-                                ('W_beta', slice(None))):
+        else:  # A_m: static_alpha[:, 0] and its product's column W[:, 0]; B: static_beta and W_beta, W's last column
+            for name, index in (('static_alpha', COLUMN(0)), ('W', COLUMN(0)), ('static_beta', slice(None)),
+                                ('W', COLUMN(-1))):
                 put_back(m, f, name, index)
 
 

@@ -77,7 +77,7 @@ def test_mixing_gains_against_a_float64_loop(gpt_config, keys):
     model = GPT(gpt_config(**keys)).double()
     with torch.no_grad():  # H_res far from I, and from token to token
         for m in diagnostics.rules(model):
-            (m.phi if keys['residual'] == 'mhc' else m.W_alpha).normal_(0, 0.3)
+            (m.phi if keys['residual'] == 'mhc' else m.W).normal_(0, 0.3)
             (m.a_res if keys['residual'] == 'mhc' else m.s_alpha).fill_(1.0)
     found = found_mixings(model, torch.randint(11, (2, 4)))
     gains = diagnostics.mixing_gains(found)

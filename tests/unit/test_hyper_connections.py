@@ -39,8 +39,8 @@ def hc_reference(rule, H, u):
     for Ht, ut in zip(H, u):
         if rule.dynamic:
             Hn = torch.nn.functional.layer_norm(Ht, (D,), rule.norm.weight.double(), rule.norm.bias.double())
-            A = rule.s_alpha * torch.tanh(Hn @ rule.W_alpha) + rule.static_alpha  # (n, n + 1) = [A_m | A_r]
-            B = rule.s_beta * torch.tanh(Hn @ rule.W_beta[:, 0]) + rule.static_beta  # (n,)
+            A = rule.s_alpha * torch.tanh(Hn @ rule.W[:, :-1]) + rule.static_alpha  # (n, n + 1) = [A_m | A_r]
+            B = rule.s_beta * torch.tanh(Hn @ rule.W[:, -1]) + rule.static_beta  # (n,)
         else:
             A, B = rule.static_alpha, rule.static_beta
         out_h.append(A[:, 0] @ Ht)  # h_0^T = A_m^T H
@@ -326,7 +326,7 @@ def test_static_weights_take_no_decay_dynamic_ones_do_and_muon_takes_neither(gpt
         where = {p: (name, g['weight_decay']) for name, o in opt.named.items() for g in o.param_groups for p in g['params']}
         rule = model.blocks[0].update_attn
         static = (rule.static_alpha, rule.static_beta) if residual == 'hc' else (rule.b_pre, rule.b_post, rule.b_res)
-        dynamic = (rule.W_alpha, rule.W_beta) if residual == 'hc' else (rule.phi,)
+        dynamic = (rule.W,) if residual == 'hc' else (rule.phi,)
         assert all(where[p] == ('adamw', 0.0) for p in static)
         assert all(where[p] == ('adamw', 0.1) for p in dynamic)
         assert where[model.blocks[0].attn.c_proj.weight][0] == 'muon'
@@ -354,8 +354,7 @@ def test_one_layer_against_the_hyper_connections_package():
             getattr(ours, name).copy_(getattr(theirs, name))
         theirs.dynamic_alpha_fn.normal_(0, 0.3)
         theirs.dynamic_beta_fn.normal_(0, 0.3)
-        ours.W_alpha.copy_(theirs.dynamic_alpha_fn)
-        ours.W_beta.copy_(theirs.dynamic_beta_fn[:, None])
+        ours.W.copy_(torch.cat([theirs.dynamic_alpha_fn, theirs.dynamic_beta_fn[:, None]], 1))
         ours.s_alpha.copy_(theirs.dynamic_alpha_scale.reshape(1))
         ours.s_beta.copy_(theirs.dynamic_beta_scale.reshape(1))
     folded = H.permute(0, 2, 1, 3).reshape(2 * N, 5, D)
