@@ -8,10 +8,11 @@ sees. From the two: e and c, the median ms/iter of the log windows after the fir
 K, the compiled probe's wall time less the eager one's less probe_iters x (c - e): what compiling
 costs a process once (its traces, evaluation's included, and inductor's code generation, warm
 wherever inductor's cache already holds the graphs). A run compiles where the iterations it has
-left outnumber K / (e - c), the break-even: every start and every resume pays K again. A group
-whose runs all have fewer than MIN_PROBES probes' iterations left is not probed and runs as its
-config says, and so is one whose probe failed (its line is printed). OUT/compile.md tables the
-probes; each run's config.json records its choice."""
+left outnumber K / (e - c), the break-even: every start and every resume pays K again. A run whose
+command line sets compile (--set, --per, --tune) keeps it. A group whose runs all have fewer than
+MIN_PROBES probes' iterations left is not probed and runs as its config says, and so is one whose
+eager probe failed; where the compiled one failed, its runs run eager (the failed probe is kept and
+named). OUT/compile.md tables the probes; each run's config.json records its choice."""
 
 import hashlib
 import os
@@ -25,28 +26,35 @@ from orthogpt.planning import Run, load
 
 # keys that change neither the model nor the cost of a step: runs that differ only in these share a probe
 FREE = {'seed', 'out_dir', 'init_from', 'max_iters', 'lr_decay_iters', 'learning_rate', 'min_lr_ratio', 'warmup_iters',
-        'weight_decay', 'muon_lr', 'muon_weight_decay', 'muon_momentum', 'muon_momentum_warmup', 'beta1', 'beta2',
-        'eval_interval', 'log_interval', 'compile', 'wandb_log', 'wandb_run_name', 'dynamics_interval',
-        'dynamics_gain_interval', 'tokens_per_param'}
+        'decay_lr', 'weight_decay', 'muon_lr', 'muon_weight_decay', 'muon_momentum', 'muon_momentum_warmup', 'beta1',
+        'beta2', 'grad_clip', 'init', 'sigma_w', 'sigma_qk', 'eval_interval', 'log_interval', 'compile', 'keep_last_n',
+        'async_save', 'nan_policy', 'nan_max_skips', 'dist_timeout', 'wandb_log', 'wandb_project', 'wandb_run_name',
+        'dynamics_interval', 'dynamics_gain_interval', 'tokens_per_param'}
 MIN_PROBES = 10  # a probe pair costs about two probes' iterations of a run, plus one compile
 
 
 def choose(runs, probe_iters, out, run_all):
-    """Sets each unfinished run's compile (its argv and cfg) where a probe says which pays;
-    run_all(probes) runs the probes. Writes OUT/compile.md; returns its rows."""
-    todo = [r for r in runs if not finished(r)]
+    """Sets the compile of each unfinished run whose command line leaves it open (its argv and cfg)
+    where a probe says which pays; run_all(probes) runs the probes. Writes OUT/compile.md; returns
+    its rows."""
+    todo = [r for r in runs if not finished(r) and not any(a.startswith('--compile=') for a in r.argv)]
     groups = {}
     for run in todo:
         groups.setdefault(key_of(run.cfg), []).append(run)
     probes = {k: pair(g[0], k, probe_iters, out) for k, g in groups.items()
               if max(left(r) for r in g) >= MIN_PROBES * probe_iters}
-    run_all([p for pr in probes.values() for p in pr if not finished(p)])
+    run_all([p for pr in probes.values() for p in pr if not finished(p) and not Status.read(p).returncode])
     rows = []
     for k, (eager, compiled) in probes.items():
         measured = measure(eager, compiled, probe_iters)
         if measured is None:
-            print(f"compile=auto: the probe {eager.name} or {compiled.name} did not finish ("
-                  f"{Status.read(compiled).tail or Status.read(eager).tail}); its runs run as their config says")
+            failed = [p for p in (eager, compiled) if not finished(p)]
+            for p in failed:
+                print(f"compile=auto: the probe {p.out_dir} failed ({Status.read(p).tail}); remove its folder to "
+                      f"probe again")
+            if failed == [compiled]:  # the model does not compile here: its runs do not try
+                for run in groups[k]:
+                    set_compile(run, False)
             continue
         e, c, cost = measured
         even = cost / (e - c) if e > c else float('inf')
@@ -71,17 +79,17 @@ def left(run):
 
 def pair(run, key, probe_iters, out):
     """The two probes of run's group, eager and compiled, named by its config and its model's key (so
-    that the tuning runs and the reported ones share them); a folder left by a probe that did not
-    finish is emptied, so that a probe's wall time is one process's."""
+    that the tuning runs and the reported ones share them); a folder left by a probe that was
+    stopped is emptied, so that a probe's wall time is one process's (one that failed is kept)."""
     made = []
     stem = f"{run.case.name}-{hashlib.sha1(repr(key).encode()).hexdigest()[:8]}"
     for name, flag in (('eager', False), ('compiled', True)):
         folder = os.path.join(out, 'probes', f'{stem}-{name}')
         argv = [*run.argv, f'--max_iters={probe_iters}', f'--eval_interval={probe_iters}',
-                f'--log_interval={max(1, probe_iters // 4)}', '--dynamics=False', f'--compile={flag}',
+                f'--log_interval={max(1, probe_iters // 4)}', '--dynamics=False', '--wandb_log=False', f'--compile={flag}',
                 f'--out_dir={folder}']
         probe = Run(f'{stem}-{name}', run.seed, argv, folder, load(argv, f'{stem}-{name}'), run.case, None)
-        if not finished(probe):
+        if not finished(probe) and not Status.read(probe).returncode:
             shutil.rmtree(folder, ignore_errors=True)
         made.append(probe)
     return made

@@ -57,7 +57,8 @@ def add_launcher_options(parser):
                         help="'auto': each model is probed, eager and compiled, and a run compiles where its length "
                              "pays for compiling (OUT/compile.md); True or False: every run")
     parser.add_argument('--probe_iters', type=int, default=40, metavar='N',
-                        help='--compile=auto: iterations of each probe (runs shorter than 10 probes are not probed)')
+                        help='--compile=auto: iterations of each probe (models whose runs have fewer iterations left '
+                             'than 10 probes are not probed)')
     parser.add_argument('--launcher', choices=['local', 'slurm'], default='local',
                         help="'local': train.py processes on this machine, --nproc at once; 'slurm': each run a "
                              "Slurm job of tools/slurm/train.sbatch, submitted from here")
@@ -71,9 +72,12 @@ def run_all(spec, runs, watch):
     """The runs run (spec.launcher), or, with spec.collect, left as they stand."""
     if spec.collect:
         return
-    if spec.compile == 'auto':
+    if spec.compile == 'auto' and spec.launcher == 'local':
         compile_choice.choose(runs, spec.probe_iters, spec.out,
                               lambda probes: dispatch(spec, probes, Progress(probes, spec.progress)))
+    elif spec.compile == 'auto':
+        print("--compile=auto times its probes on this machine, which Slurm's jobs may not run on: the runs run as "
+              "their configs say (--compile=True or False sets every run)")
     dispatch(spec, runs, watch)
 
 
@@ -104,6 +108,10 @@ def compare(spec, command, runs=None, watch=None):
         by_length = bool(spec.lengths) and len(spec.lengths) > 1  # the speedup table's
         analysis = stats.analyse(rows, spec.baseline, spec.reach, by_length)
         text = results.report(spec, command, rows, analysis, tuning, {c.label for c in chosen})
+        choices = os.path.join(spec.out, 'compile.md')
+        if os.path.exists(choices):  # which runs compiled, beside the times they took
+            with open(choices) as f:
+                text += '\n' + f.read()
         files.write_text(os.path.join(spec.out, 'results.md'), text)
         print(text)
         plots.curves({label: [r.log for r in row.results] for label, row in rows.items()},

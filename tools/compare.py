@@ -54,9 +54,13 @@ model of the comparison (runs that differ only in seed, rates, length or logging
 --probe_iters iterations (40) eager and compiled in OUT/probes/, --nproc at a time as the runs do;
 from their steady ms/iter and their wall times, compiling's one-off cost over what it saves a step
 is the break-even, and a run compiles where it has more iterations left than that (a resume pays
-the compile again). OUT/compile.md tables the probes, and each run's config.json its choice. Models
-whose runs are all shorter than 10 probes are not probed and run as their config says.
---compile=True or False sets every run instead. A finished run is kept whichever way it ran.
+the compile again). OUT/compile.md tables the probes (results.md ends with it), and each run's
+config.json holds its choice. It overrides a config file's compile (config/cpu.py's False is for a
+run alone), but not a --set, --per or --tune of compile. Models whose runs all have fewer iterations
+left than 10 probes are not probed, nor runs under --launcher=slurm (this machine's times are not a
+node's): they run as their configs say. A probe that failed is kept and named; where the compiled
+one failed, the runs run eager. --compile=True or False sets every run instead. A finished run is
+kept whichever way it ran. Times in the table then mix eager and compiled runs, as compile.md says.
 
 Writes OUT/results.md: the tuning table (with --tune); a row per config x setting (x switch
 value, x length) with its parameter count, mean +- sample std over its finished seeds of the best

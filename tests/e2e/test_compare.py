@@ -6,6 +6,7 @@ stop with it, tuning, the speedup protocol and the switch. The engine's parts th
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -337,5 +338,8 @@ def test_compile_auto_probes_each_model_and_records_each_runs_choice(compared, t
         with open(probe / 'config.json') as f:
             assert json.load(f)['compile'] is flag
     stamp = (compiled / 'log.jsonl').stat().st_mtime
+    shutil.rmtree(tmp_path / 'shakespeare_add-max_iters40-s1')
     compare.main(args)
-    assert (compiled / 'log.jsonl').stat().st_mtime == stamp
+    assert (compiled / 'log.jsonl').stat().st_mtime == stamp  # the run again, its probes kept
+    assert launcher.finished(sweep.planned(compare.parse_args(args))[0])
+    assert 'compile=auto' in (tmp_path / 'results.md').read_text()

@@ -133,3 +133,22 @@ def test_a_forced_compile_goes_to_every_run_and_a_probe_needs_four_iterations(tm
     assert all(r.cfg.compile is False for r in sweep.planned(spec_of(tmp_path, compile='False')))
     with pytest.raises(UserError, match='--probe_iters=2: a probe needs 4 iterations'):
         spec_of(tmp_path, probe_iters=2)
+
+
+def test_compile_auto_keeps_a_set_compile_and_runs_eager_where_the_compiled_probe_failed(tmp_path):
+    """A --set compile=... is the user's: no probe, no change. A model whose compiled probe failed runs eager, and the
+    failed probe is kept (named, not run again at the next call)."""
+    runs = sweep.planned(spec_of(tmp_path, configs=CONFIGS[:1], extra=['--max_iters=1000'], set=['compile=True']))
+    probed = []
+    assert compile_choice.choose(runs, 40, str(tmp_path), probed.extend) == [] and probed == []
+    assert runs[0].cfg.compile is True and runs[0].argv.count('--compile=True') == 1
+    runs = sweep.planned(spec_of(tmp_path, configs=CONFIGS[:1], extra=['--max_iters=1000']))
+    stem = f'shakespeare_add-{hashlib.sha1(repr(compile_choice.key_of(runs[0].cfg)).encode()).hexdigest()[:8]}'
+    probe_folder(tmp_path, f'{stem}-eager', [900, 100, 100, 100], 10.0)
+    failed = tmp_path / 'probes' / f'{stem}-compiled'
+    failed.mkdir()
+    (failed / 'run.json').write_text(json.dumps(dict(returncode=1, wall_s=3.0, argv=[])))
+    (failed / 'stdout.log').write_text('torch._dynamo.exc.Unsupported: a graph break\n')
+    compile_choice.choose(runs, 40, str(tmp_path), probed.extend)
+    assert probed == [] and failed.exists()
+    assert runs[0].cfg.compile is False and runs[0].argv[-1] == '--compile=False'
