@@ -66,6 +66,17 @@ def test_the_miniseries_stage_without_token_shards_is_skipped_saying_how_to_prep
     assert argv[1] == 'tools/miniseries.py' and '--depths=1,2,3' in argv
 
 
+def test_the_gpu_stages_that_train_compile_every_run_without_probing(tmp_path):
+    """compare.py and the miniseries would probe each model eager and compiled first (--compile=auto): 24 models in
+    the shakespeare stage, past its time limit. The GPU suite compiles every run, as it was measured."""
+    (tmp_path / 'bpe').mkdir()
+    for split in ('train', 'val'):  # found, never read
+        (tmp_path / 'bpe' / f'{split}_000000.bin').write_bytes(b'')
+    stages = suite.stages(str(tmp_path), False, str(tmp_path), bpe_data=str(tmp_path / 'bpe'))
+    for name in ('shakespeare', 'miniseries'):
+        assert isinstance(stages[name], list) and stages[name].count('--compile=True') == 1, stages[name]
+
+
 def test_the_stages_that_read_tiny_shakespeare_are_skipped_without_it_saying_what_to_carry(tmp_path, monkeypatch,
                                                                                             capsys, tiny_text):
     """A lent GPU machine has no network and none of the repository's ignored files: the stages that read Tiny
