@@ -63,8 +63,9 @@ def choose(runs, probe_iters, out, run_all):
             set_compile(run, run in chosen)
         rows.append((compiled.name.removesuffix('-compiled'), e, c, cost, even, len(chosen), len(groups[k])))
     if rows:
-        files.write_text(os.path.join(out, 'compile.md'), table(rows, probe_iters))
-        print(table(rows, probe_iters))
+        text = table(rows, probe_iters)
+        files.write_text(os.path.join(out, 'compile.md'), text)
+        print(text)
     return rows
 
 
@@ -111,7 +112,7 @@ def steady(probe):
 
 
 def set_compile(run, flag):
-    run.argv[:] = [a for a in run.argv if not a.startswith('--compile=')] + [f'--compile={flag}']
+    run.argv.append(f'--compile={flag}')  # choose() passes only runs whose argv leaves compile open
     run.cfg = replace(run.cfg, compile=flag)
 
 
