@@ -198,7 +198,7 @@ class OrthogonalUpdate(ResidualUpdate):
         """s, broadcastable against x: (B, T, 1), or (B, 1, 1) in non-causal global mode; cache: a DecodeStep."""
         xu, xx = dot(x, u), dot(x, x)
         if self.mode == 'global' and self.causal:  # decoding: the sums over each query's visible positions
-            xu, xx = ((cache.visible.to(t.dtype) @ t for t in cache.write(self, xu, xx, dim=-2)) if cache is not None
+            xu, xx = ((cache.visible.to(t.dtype) @ t for t in cache.write(xu, xx, dim=-2)) if cache is not None
                       else (xu.cumsum(-2), xx.cumsum(-2)))  # (B, T, 1)
         elif self.mode == 'global':
             xu, xx = xu.sum(-2, keepdim=True), xx.sum(-2, keepdim=True)
@@ -818,7 +818,7 @@ class SelfAttention(nn.Module):
             q, k = F.rms_norm(q, q.shape[-1:]), F.rms_norm(k, k.shape[-1:])
         mask = None
         if cache is not None:  # every position of the state's buffers, each query seeing those up to its own
-            (k, v), mask = cache.write(self, k, v, dim=2), cache.visible  # (B, nh, block_size, hs), (T, block_size)
+            (k, v), mask = cache.write(k, v, dim=2), cache.visible  # (B, nh, block_size, hs), (T, block_size)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
                                            is_causal=self.causal and mask is None, scale=scale)
         return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, C)))  # heads side by side: (B, T, C)
@@ -961,7 +961,7 @@ class Trunk:
         self.read_out = self.rule.read_out(config, causal)
         self.ln_f = make_norm(config, keeps_norm)
         self.s_z = ScaleVector(n_out, 1.0, 1 / math.sqrt(config.n_embd)) if normalized else None
-        self.fixed_depth = False  # Depth's lists of one length (orthogpt/parallel.py, compiled_blocks)
+        self.fixed_depth = False  # Depth's lists of one length (orthogpt/regional.py)
 
     def scaled(self, logits):  # nGPT's s_z, then the soft-cap ([Gemma2] Sec. 2), in float32 as [nanochat]
         logits, cap = logits if self.s_z is None else logits * self.s_z(), self.config.logit_softcap
@@ -974,9 +974,9 @@ class Trunk:
         length = self.rule.sources(self.config) if self.fixed_depth else 0
         depth = Depth(x, anchor, length) if self.rule.depth or anchor is not None else None
         for i, block in enumerate(self.blocks):
-            x = block(x, cache, depth, values[i] if values else None)
+            x = block(x, cache and cache.at(i), depth, values[i] if values else None)
         if self.read_out is not None:
-            x = self.read_out.prepare(x, Sublayer(cache, depth))
+            x = self.read_out.prepare(x, Sublayer(cache and cache.at(len(self.blocks)), depth))
         return self.ln_f(x.mean(-2) if n else x)
 
     def stream_matrices(self):
@@ -1003,8 +1003,11 @@ class DecodeState:
     addresses, as one compiled step replayed as a CUDA graph needs; a window that moves on is read again from pos = 0
     into the same buffers, and each query sees only the positions up to its own."""
 
-    def __init__(self, capacity, device=None):
+    def __init__(self, capacity, device=None):  # buffers: {layer: the tensors of each write its forward makes}
         self.capacity, self.buffers, self.pos = capacity, {}, torch.zeros((), dtype=torch.long, device=device)
+
+    def tensors(self):
+        return [t for writes in self.buffers.values() for ts in writes for t in ts]
 
     def advance(self, T):
         """The DecodeStep of a forward of the next T tokens; pos moves past them (checked on the device: no sync)."""
@@ -1016,20 +1019,26 @@ class DecodeState:
 
 
 class DecodeStep:
-    """A forward's view of a DecodeState: its positions (T,), and which positions each sees, visible (T, block_size)."""
+    """A forward's view of a DecodeState: its positions (T,), which positions each sees, visible (T, block_size), and
+    at(layer), a block's, whose writes are its layer's buffers in the order it makes them: no module is a key, so that
+    one compiled graph serves every block (orthogpt/regional.py)."""
 
-    def __init__(self, state, positions):
-        self.state, self.positions = state, positions
-        self.visible = torch.arange(state.capacity, device=positions.device) <= positions[:, None]
+    def __init__(self, state, positions, visible=None, held=None):
+        self.state, self.positions, self.held, self.written = state, positions, held, 0
+        arange = torch.arange(state.capacity, device=positions.device)
+        self.visible = arange <= positions[:, None] if visible is None else visible  # (T, block_size)
 
-    def write(self, module, *new, dim):
-        """Write module's tensors `new` (positions along dim) at these positions; returns its whole buffers."""
-        dim, buffers = dim % new[0].dim(), self.state.buffers  # keyed by id: compile would guard on a module key
-        if id(module) not in buffers:  # at the first forward, eager; zeros: the positions hidden stay finite
-            buffers[id(module)] = [t.new_zeros(t.shape[:dim] + (self.state.capacity,) + t.shape[dim + 1:]) for t in new]
-        for buf, t in zip(buffers[id(module)], new):
+    def at(self, layer):
+        return DecodeStep(self.state, self.positions, self.visible, self.state.buffers.setdefault(layer, []))
+
+    def write(self, *new, dim):
+        """Write tensors `new` (positions along dim) at these positions; returns their whole buffers."""
+        dim, k, self.written = dim % new[0].dim(), self.written, self.written + 1
+        if k == len(self.held):  # at the first forward, eager; zeros: the positions hidden stay finite
+            self.held.append([t.new_zeros(t.shape[:dim] + (self.state.capacity,) + t.shape[dim + 1:]) for t in new])
+        for buf, t in zip(self.held[k], new):
             buf.index_copy_(dim, self.positions, t)
-        return buffers[id(module)]
+        return self.held[k]
 
 
 class GPT(Trunk, nn.Module):

@@ -8,8 +8,9 @@ checkpoints trained on BPE tokens. Generation reads each new token against a KV 
 context (--no_cache: the whole context every step, the same tokens, slower). Past block_size the
 context window moves on by --shift tokens at a time (default block_size/4; 1 is nanoGPT's
 sliding window, which makes the cache re-read the window at every token). --compile compiles the
-per-token forward (torch.compile): faster decoding after tens of seconds spent compiling, which pays
-off for long or many samples.
+per-token forward (torch.compile) a block at a time, one graph that every block reuses (compile time
+flat in depth), or whole with --compile_scope=model (one graph, a CUDA graph on a GPU): faster decoding
+after seconds to minutes spent compiling, which pays off for long or many samples.
 """
 
 import argparse
@@ -51,6 +52,8 @@ def main(argv=None):
     p.add_argument('--shift', type=int, default=None, help='tokens the full context window moves at a time')
     p.add_argument('--no_cache', action='store_true', help='recompute the whole context for every token')
     p.add_argument('--compile', action='store_true', help='torch.compile the forward that runs once per token')
+    p.add_argument('--compile_scope', choices=('blocks', 'model'), default='blocks',
+                   help="with --compile: 'blocks', one graph that every block reuses; 'model', the whole step")
     p.add_argument('--device', default='auto', help="'auto', 'cpu', 'cuda', 'cuda:N'")
     args = p.parse_args(argv)
     if args.temperature <= 0:
@@ -90,7 +93,8 @@ def main(argv=None):
     with torch.autocast(device.split(':')[0], dtype=torch.bfloat16, enabled=bf16):
         for _ in range(args.num_samples):
             y = decoding.generate(model, x, args.max_new_tokens, args.temperature, args.top_k, generator=generator,
-                                  use_cache=not args.no_cache, shift=args.shift, compile=args.compile)
+                                  use_cache=not args.no_cache, shift=args.shift, compile=args.compile,
+                                  compile_scope=args.compile_scope)
             print(decode(y[0].tolist()))
             print('---------------')
 

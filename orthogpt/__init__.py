@@ -8,6 +8,7 @@ Imports flow one way: model.py <- configure/ <- this package <- scripts and tool
     device       device and dtype choice, autocast
     parallel     this process among torchrun's: DDP or FSDP, gradient synchronisation, the lock on rank 0, what
                  every process agrees on, a lost process or machine as one line
+    regional     a model compiled a block at a time: one graph that every block reuses, for training and decoding
     optim        AdamW and Muon, their parameter groups, the learning-rate schedule, one step, non-finite steps
     run          a run's state in one object (config, model, optimizer, counters) and its setup and checkpoint
     signals      Ctrl-C and SIGTERM as a request to stop at the next step; SIGTERM when the launcher dies

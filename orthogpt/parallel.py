@@ -3,7 +3,6 @@ model wrapped for DDP or sharded by FSDP2; how a micro-step synchronises gradien
 process must agree on (a verdict of rank 0's, a check that each makes for itself); a lost process
 or machine as one line; and the end of the process group."""
 
-import copy
 import os
 import re
 import socket
@@ -16,13 +15,13 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.nn.utils import parametrize
 
 from orthogpt.maps import maps_held
+from orthogpt.regional import compiled_blocks
 from orthogpt.device import autocast, resolve_device, resolve_dtype
 from orthogpt.errors import UserError, one_line
 from orthogpt.signals import stop_with_parent
@@ -233,7 +232,7 @@ def parallelize(model, cfg, env):
     """The model to train, wrapped. FSDP2 shards every block and then the whole model over the process
     group (fully_shard), casting parameters to env's dtype for compute (the raw W of a Q/K/V map
     stays float32; autocast runs as without FSDP) and reducing gradients in float32; DDP keeps a
-    replica per process. torch.compile (cfg.compile; default: on CUDA; a block at a time, compiled_blocks, but under
+    replica per process. torch.compile (cfg.compile; default: on CUDA; a block at a time, regional.compiled_blocks, but under
     FSDP) comes between. fully_shard
     shards `model` itself: an optimizer built on it afterwards holds the shards. A rule that reads across depth
     (ResidualUpdate.depth) sends gradients into a block's inner tensors from later blocks, past the block's outputs
@@ -253,22 +252,6 @@ def parallelize(model, cfg, env):
     if env.ddp and not env.fsdp:
         model = DDP(model, device_ids=[env.local_rank] if env.device_type == 'cuda' else None)
     return model
-
-
-def compiled_blocks(model, **options):
-    """model (a GPT or ViT) with each block through torch.compile(**options), one graph that every block reuses
-    ("regional compilation"): compile time about one block's whatever the depth. It shares every module but the
-    blocks' list, so that model itself stays eager (diagnostics, estimates); in it the depth rules keep their lists of
-    earlier outputs at one length (model.Depth)."""
-    # process-wide, and felt only where a parameter's size differs between calls of one graph: DenseFormer's alphas
-    # (one more weight each block) become one size symbol, not a graph a block
-    torch._dynamo.config.force_parameter_static_shapes = False
-    # an orthogonal Q/K/V map's parametrized Linear is a class of its own in each block: a graph a block there
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, len(model.blocks) + 2)
-    view = copy.copy(model)
-    view._modules = dict(model._modules)
-    view.blocks, view.fixed_depth = nn.ModuleList(torch.compile(b, **options) for b in model.blocks), True
-    return view
 
 
 def unwrapped(model):

@@ -17,7 +17,7 @@ against the first in the same round: paired, so drift between rounds cancels).
 --sample times generation instead (orthogpt/decoding.py): --sample_tokens new tokens after a
 one-token prompt, batch 1, top_k 200, with the model's DecodeState ('cached', eager) and without
 ('uncached': the whole window read for every token, the same tokens), and with --compile the
-cached step compiled ('compiled'). Each variant and decoder first makes one whole untimed
+cached step compiled ('compiled': a block at a time, or whole for a variant's compile_scope=model). Each variant and decoder first makes one whole untimed
 generation (the compiled one compiles its step there), then the timed ones run in interleaved
 rounds; the time to compile is that first generation's time less the timed generations' median.
 --rules times forward + backward of each piece a variant adds, alone, at the config's shape: the
@@ -124,7 +124,7 @@ class Runner:
         t0 = time.perf_counter()
         with self.run.env.autocast:
             decoding.generate(self.run.raw_model, prompt, new_tokens, top_k=200, generator=generator,
-                              **DECODERS[decoder])
+                              compile_scope=self.run.cfg.compile_scope, **DECODERS[decoder])
         self.sync()
         self.run.raw_model.train()
         return time.perf_counter() - t0

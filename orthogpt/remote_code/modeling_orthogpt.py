@@ -25,9 +25,8 @@ class OrthoGPTCache(DecodeState):
     first, so beam search reorders it by rows, in place (its buffers keep their addresses)."""
 
     def reorder_cache(self, beam_idx):
-        for tensors in self.buffers.values():
-            for t in tensors:
-                t.copy_(t.index_select(0, beam_idx.to(t.device)))
+        for t in self.tensors():
+            t.copy_(t.index_select(0, beam_idx.to(t.device)))
 
 
 class OrthoGPTForCausalLM(PreTrainedModel, GenerationMixin):

@@ -1,6 +1,6 @@
 """torch.compile on every variant: training's forward and backward in one graph, decoding's step
-through the fixed-shape state in one graph compiled once, generation with the default compiler, and
-train.py's compiled loop traced once for training and once for evaluation."""
+through the fixed-shape state in one graph compiled once (whole, or one that every block reuses), generation with the
+default compiler, and train.py's compiled loop traced once for training and once for evaluation."""
 
 import pytest
 import torch
@@ -8,7 +8,7 @@ from torch._dynamo.utils import counters
 
 import train
 from model import GPT, RESIDUALS, DecodeState
-from orthogpt import decoding, parallel
+from orthogpt import decoding, regional
 from orthogpt.maps import maps_held
 
 VARIANTS = [dict(residual='additive'), dict(residual='rotation'), dict(residual='ngpt'),
@@ -57,10 +57,10 @@ RULES = [dict(residual=rule) for rule in RESIDUALS] + [dict(residual=rule, **MOD
 
 
 def compiled_step(model, backend, idx):
-    """(losses, gradients) of one forward and backward of eager mode's and of parallel.compiled_blocks(model,
+    """(losses, gradients) of one forward and backward of eager mode's and of regional.compiled_blocks(model,
     backend=backend)'s."""
     losses, grads = [], []
-    for m in (model, parallel.compiled_blocks(model, backend=backend)):
+    for m in (model, regional.compiled_blocks(model, backend=backend)):
         torch.manual_seed(1)
         _, loss = m(idx, torch.roll(idx, -1, 1))
         loss.backward()
@@ -73,7 +73,7 @@ def compiled_step(model, backend, idx):
 @pytest.mark.parametrize('variant', RULES + [dict(residual='rotation', qkv='cayley')],
                          ids=lambda v: '-'.join(map(str, v.values())))
 def test_a_block_at_a_time_computes_eager_modes_loss_and_gradients(variant, gpt_config):
-    """Per-block compile (parallel.compiled_blocks, train.py's default), through AOTAutograd's backward (aot_eager:
+    """Per-block compile (regional.compiled_blocks, train.py's default), through AOTAutograd's backward (aot_eager:
     inductor's input, without its minutes of compiling on a CPU), gives eager mode's loss and gradients; with an
     orthogonal Q/K/V map too, whose parametrized Linear is a class of its own in each block (a graph a block)."""
     torch._dynamo.reset()
@@ -135,21 +135,23 @@ def test_decoding_through_the_state_compiles_once_in_one_graph(variant, gpt_conf
             torch.testing.assert_close(torch.cat(pieces, 1), full, rtol=1e-5, atol=1e-5)
 
 
-def test_compiled_generation_draws_the_same_tokens(gpt_config, no_recompiles):
-    """Generation with the step compiled (decoding.compiled: the default compiler, fullgraph=True), 300 tokens
-    past many moves of the window with no recompile, draws the tokens that the eager step and the uncached
-    forward draw from the same seed; a second generation, of another prompt and length, reuses the compiled step."""
+@pytest.mark.parametrize('scope,qkv', [('blocks', 'dense'), ('model', 'cayley')])
+def test_compiled_generation_draws_the_same_tokens(scope, qkv, gpt_config, no_recompiles):
+    """Generation with the step compiled (decoding.compiled: the default compiler, fullgraph=True), a block at a time
+    (one graph for both blocks) or whole, 300 tokens past many moves of the window with no recompile, draws the
+    tokens that the eager step and the uncached forward draw from the same seed; a second generation, of another
+    prompt and length, reuses the compiled step."""
     torch.manual_seed(0)
-    model = GPT(gpt_config(residual='orthogonal', ortho_mode='global', qkv='cayley')).eval()
+    model = GPT(gpt_config(residual='orthogonal', ortho_mode='global', qkv=qkv)).eval()
     prompt = torch.randint(11, (1, 3))
 
     def run(prompt=prompt, n=300, **how):
         return decoding.generate(model, prompt, n, top_k=8, generator=torch.Generator().manual_seed(3), **how)
-    compiled = run(compile=True)
+    compiled = run(compile=True, compile_scope=scope)
     assert compiled.shape == (1, 303)
     assert torch.equal(compiled, run()) and torch.equal(compiled, run(use_cache=False))
-    assert torch.equal(run(compile=True), compiled)
-    assert torch.equal(run(prompt[:, :2], 40, compile=True), run(prompt[:, :2], 40))
+    assert torch.equal(run(compile=True, compile_scope=scope), compiled)
+    assert torch.equal(run(prompt[:, :2], 40, compile=True, compile_scope=scope), run(prompt[:, :2], 40))
 
 
 def test_several_models_decoded_in_turn_through_the_compiled_step_each_draw_their_own_tokens(gpt_config):
@@ -204,16 +206,23 @@ def test_compiled_training_traces_once_for_training_and_once_for_evaluation(vari
     assert logs.losses(tmp_path / 'compiled') == logs.losses(tmp_path / 'eager')
 
 
-@pytest.mark.parametrize('variant', [dict(residual='attnres', attnres_block=2),
-                                     dict(residual='orthogonal', ortho_mode='global', **MODERN)],
+@pytest.mark.parametrize('variant', [dict(residual='attnres', attnres_block=2), dict(residual='denseformer'),
+                                     dict(residual='orthogonal', ortho_mode='global', **MODERN), dict(residual='hc')],
                          ids=lambda v: '-'.join(map(str, v.values())))
-def test_a_block_at_a_time_decodes_eager_modes_greedy_tokens(variant, gpt_config):
-    """Generation through the per-block compiled model, its blocks reading and writing the DecodeState, past moves of
-    the window: the greedy tokens of the eager model."""
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    model = GPT(gpt_config(n_layer=3, **variant)).eval()
-    prompt = torch.randint(11, (2, 3))
-    eager = decoding.generate(model, prompt, 24, top_k=1)
-    compiled = parallel.compiled_blocks(model, backend='aot_eager')
-    assert torch.equal(decoding.generate(compiled, prompt, 24, top_k=1), eager)
+def test_a_block_at_a_time_decodes_eager_modes_greedy_tokens_in_as_many_graphs_at_any_depth(variant, gpt_config):
+    """Generation through the per-block compiled model, its blocks reading and writing their layer's buffers of the
+    DecodeState, past moves of the window: the greedy tokens of the eager model, in as many graphs at 5 layers as at
+    2 (the prompt's and the moved window's reads, the one-token step; the first block's, where its input or its
+    parameters differ), not a graph a block."""
+    graphs = []
+    for n_layer in (2, 5):
+        torch._dynamo.reset()
+        counters.clear()
+        torch.manual_seed(0)
+        model = GPT(gpt_config(n_layer=n_layer, **variant)).eval()
+        prompt = torch.randint(11, (2, 3))
+        eager = decoding.generate(model, prompt, 24, top_k=1)
+        compiled = regional.compiled_blocks(model, backend='aot_eager', fullgraph=True)
+        assert torch.equal(decoding.generate(compiled, prompt, 24, top_k=1), eager)
+        graphs.append(counters['stats']['unique_graphs'])
+    assert graphs[0] == graphs[1]

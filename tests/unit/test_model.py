@@ -246,9 +246,9 @@ def test_the_state_keeps_its_buffers_and_its_position_on_the_device(gpt_config):
         full, _ = model(idx)
         last, _ = model(idx[:, :9], cache=state, last=True)
         torch.testing.assert_close(last, full[:, 8:9], rtol=0, atol=1e-10)
-        addresses = [t.data_ptr() for ts in state.buffers.values() for t in ts]
+        addresses = [t.data_ptr() for t in state.tensors()]
         assert len(addresses) == 2 * 2 + 2 * 2 * 2  # each layer's keys and values, each sublayer's two running sums
-        assert all(t.shape[-2] == 16 for ts in state.buffers.values() for t in ts)
+        assert all(t.shape[-2] == 16 for t in state.tensors())
         for t in range(9, 16):
             model(idx[:, t:t + 1], cache=state)
         assert state.pos.item() == 16 and torch.is_tensor(state.pos)
@@ -256,7 +256,7 @@ def test_the_state_keeps_its_buffers_and_its_position_on_the_device(gpt_config):
             model(idx[:, :1], cache=state)
         state.pos.zero_()
         model(idx[:, 3:5], cache=state)
-    assert [t.data_ptr() for ts in state.buffers.values() for t in ts] == addresses
+    assert [t.data_ptr() for t in state.tensors()] == addresses
 
 
 @pytest.mark.parametrize('variant', [dict(residual='orthogonal', ortho_mode='global', qkv='cayley'),
