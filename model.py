@@ -997,7 +997,7 @@ class Trunk:
 
 
 class DecodeState:
-    """What decoding carries from one GPT.forward to the next, in tensors of fixed shape: each module's per-position
+    """What decoding carries from one GPT.forward to the next, in tensors of fixed shape: each layer's per-position
     buffers, block_size positions long (attention's keys and values, a rule's terms), and `pos`, the next position, a
     tensor on the device. Forwards write in place at their positions, so that every step has the same shapes and
     addresses, as one compiled step replayed as a CUDA graph needs; a window that moves on is read again from pos = 0
@@ -1033,6 +1033,8 @@ class DecodeStep:
 
     def write(self, *new, dim):
         """Write tensors `new` (positions along dim) at these positions; returns their whole buffers."""
+        if isinstance(new[0], nn.Module):  # the form before a block's writes were its layer's
+            raise TypeError("cache.write(module, *tensors, dim=...) is now cache.write(*tensors, dim=...): drop module")
         dim, k, self.written = dim % new[0].dim(), self.written, self.written + 1
         if k == len(self.held):  # at the first forward, eager; zeros: the positions hidden stay finite
             self.held.append([t.new_zeros(t.shape[:dim] + (self.state.capacity,) + t.shape[dim + 1:]) for t in new])

@@ -9,7 +9,7 @@ context (--no_cache: the whole context every step, the same tokens, slower). Pas
 context window moves on by --shift tokens at a time (default block_size/4; 1 is nanoGPT's
 sliding window, which makes the cache re-read the window at every token). --compile compiles the
 per-token forward (torch.compile) a block at a time, one graph that every block reuses (compile time
-flat in depth), or whole with --compile_scope=model (one graph, a CUDA graph on a GPU): faster decoding
+flat in depth, but with orthogonal Q/K/V maps), or whole with --compile_scope=model (one graph, a CUDA graph on a GPU): faster decoding
 after seconds to minutes spent compiling, which pays off for long or many samples.
 """
 

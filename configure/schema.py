@@ -92,7 +92,7 @@ class Config(GPTConfig, ViTConfig):
     parallel: Literal['ddp', 'fsdp'] = 'ddp'  # under torchrun: a replica per process, or FSDP2's sharded parameters
     dtype: Literal['auto', 'float32', 'bfloat16', 'float16'] = 'auto'  # auto: bf16/fp16 on CUDA, fp32 elsewhere
     compile: bool | None = None  # torch.compile; default: on for CUDA only
-    compile_scope: Literal['blocks', 'model'] = 'blocks'  # 'blocks': one graph that every block reuses (compile time flat in depth); 'model': the whole model in one graph (and under FSDP)
+    compile_scope: Literal['blocks', 'model'] = 'blocks'  # 'blocks': one graph that every block reuses (compile time flat in depth; orthogonal Q/K/V maps: a graph a block); 'model': the whole model in one graph (and under FSDP)
     seed: int = 1337  # seeds the weights, the data order and every random draw
     dist_timeout: float = 600.0  # seconds a process waits for the others in a collective (torchrun): past it a silent machine ends the run (docs/cluster.md)
     deterministic: bool = False  # torch.use_deterministic_algorithms (bit-exact reruns on one GPU)

@@ -43,13 +43,15 @@ def static(state):
 
 
 def compiled(model, device, scope='blocks'):
-    """The one-token step (model, as step's first argument, bound) compiled in graphs of fixed shapes. scope 'blocks':
-    each block compiled, one graph that every block reuses (compiled_blocks: compile time about one
-    block's whatever the depth), the rest eager; 'model': the whole step in one graph, replayed as a CUDA graph on a
+    """The one-token step (model, as step's first argument, bound) compiled. scope 'blocks': each block compiled, one
+    graph that every block reuses (compiled_blocks: compile time about one block's whatever the depth; with orthogonal
+    Q/K/V maps, a graph a block), the rest eager; 'model': the whole step in one graph, replayed as a CUDA graph on a
     GPU (torch.compile's 'reduce-overhead'; a block's graph, reused at every block's buffers, is not). At batch 1 each
     linear is a product of one row, which BLAS runs as a gemv on one thread at a fraction of a CPU's bandwidth;
     inductor's decompose_mm_pass makes it a reduction of its own, spread over the threads (the compiled step 1.9x
     faster on the 2-core CPU of docs/performance.md; on a GPU the pass leaves such small products alone)."""
+    if scope not in ('blocks', 'model'):
+        raise ValueError(f"compile_scope={scope!r} is not one of 'blocks' | 'model'")
     options = {'post_grad_fusion_options': {'decompose_mm_pass': {}}}
     if scope == 'blocks':
         return partial(step, compiled_blocks(model, fullgraph=True, options=options))

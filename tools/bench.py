@@ -309,8 +309,10 @@ def bench_sampling(runners, args):
     if any(r.run.task.unit != 'tok' for r in runners.values()):
         raise UserError("--sample times text generation; give a language-model config")
     decoders = [d for d in DECODERS if args.compile or d != 'compiled']
-    # the compiled step is one function, compiled once for each model (each a variant)
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, len(runners))
+    # every variant's graphs count against one limit: the whole step's, one a model; a block's, a few a model (a
+    # graph a block with Q/K/V maps)
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
+                                               len(runners) * (max(r.run.cfg.n_layer for r in runners.values()) + 2))
     first = {(v, d): r.time_sampling(args.sample_tokens, d) for v, r in runners.items() for d in decoders}
     times = {key: [] for key in first}
     for _ in range(args.repeats):

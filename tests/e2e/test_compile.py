@@ -225,4 +225,4 @@ def test_a_block_at_a_time_decodes_eager_modes_greedy_tokens_in_as_many_graphs_a
         compiled = regional.compiled_blocks(model, backend='aot_eager', fullgraph=True)
         assert torch.equal(decoding.generate(compiled, prompt, 24, top_k=1), eager)
         graphs.append(counters['stats']['unique_graphs'])
-    assert graphs[0] == graphs[1]
+    assert graphs[0] == graphs[1] > 0

@@ -285,6 +285,17 @@ def test_generation_maps_orthogonal_weights_once(monkeypatch, gpt_config):
     assert calls == [(3, 16, 16)] * model.config.n_layer  # each layer's maps once, not once per token
 
 
+def test_a_write_in_the_old_form_and_an_unknown_compile_scope_are_refused_in_one_line(gpt_config):
+    """cache.write(module, *tensors, dim) (before a block's writes were its layer's) names the new form; a
+    compile_scope other than 'blocks' or 'model' names the two."""
+    step = DecodeState(16).advance(2).at(0)
+    with pytest.raises(TypeError, match=r'is now cache.write\(\*tensors, dim=...\): drop module'):
+        step.write(AdditiveUpdate(), torch.zeros(1, 2, 4), dim=-2)
+    with pytest.raises(ValueError, match="compile_scope='whole' is not one of 'blocks' | 'model'"):
+        decoding.generate(GPT(gpt_config()), torch.zeros(1, 2, dtype=torch.long), 3, compile=True,
+                          compile_scope='whole')
+
+
 def chi_square_p(counts, probs):
     """The p-value of Pearson's chi-square test of counts (k,) against probabilities probs (k,), all positive."""
     expected = counts.sum() * probs
