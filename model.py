@@ -1024,9 +1024,9 @@ class DecodeStep:
     one compiled graph serves every block (orthogpt/regional.py)."""
 
     def __init__(self, state, positions, visible=None, held=None):
-        self.state, self.positions, self.held, self.written = state, positions, held, 0
-        arange = torch.arange(state.capacity, device=positions.device)
-        self.visible = arange <= positions[:, None] if visible is None else visible  # (T, block_size)
+        if visible is None:  # (T, block_size), once a forward: a block's view shares it
+            visible = torch.arange(state.capacity, device=positions.device) <= positions[:, None]
+        self.state, self.positions, self.visible, self.held, self.written = state, positions, visible, held, 0
 
     def at(self, layer):
         return DecodeStep(self.state, self.positions, self.visible, self.state.buffers.setdefault(layer, []))

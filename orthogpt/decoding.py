@@ -66,9 +66,9 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, generator=
     generation, into which each window is read once, then each new token alone; use_cache=False reads the whole
     window for every token (the same tokens, up to rounding). compile: that one-token step compiled (`compiled`, a
     block at a time or, compile_scope='model', whole); its first call compiles it, and later generations with the
-    model reuse it. Each generation's first compiled step
-    runs all of dynamo's guards (a model or state it has not met compiles anew there); the steps after it, whose
-    inputs differ from it only in their values, run only the guards that tell the graphs compiled so far apart
+    model reuse it. Each generation's first compiled step runs all of dynamo's guards (a model or state it has not met
+    compiles anew there); the steps after it, whose inputs differ from it only in their values, run only the guards
+    that tell the graphs compiled so far apart
     (torch.compiler.set_stance's skip_guard_eval_unsafe: about a thousand checks of the model's modules, 4-26% of a
     token's time on the 2-core CPU of docs/performance.md)."""
     (B, T), block = idx.shape, model.config.block_size
