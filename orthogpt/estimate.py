@@ -14,6 +14,7 @@ from orthogpt.optim import oom_advice
 from orthogpt.parallel import maps_of, verdict
 
 LIMIT = 3600  # seconds: a run that did not ask for the CPU stops before training past this
+FAR = 10  # x LIMIT: a first pass, a warm-up slower than the next ones, that far past it stops the run at once
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -35,10 +36,11 @@ def duration(seconds):
 
 def time_passes(model, batch, env, repeats=3):
     """(seconds of a training micro-step's forward and backward, of an evaluation batch's forward),
-    each `repeats` timings after one untimed pass, for a batch of batch_size items. The untimed
-    pass reads a quarter of the batch; where that took over a quarter of a second, quarters are
-    timed and scaled up, else whole batches. Changes no weight, gradient, random state or data
-    position."""
+    each `repeats` timings after one untimed pass, for a batch of batch_size items; repeats=0: the
+    first pass of each kind alone, timed, which is slower than the next ones (a rough upper bound).
+    The first pass reads a quarter of the batch; where that took over a quarter of a second,
+    quarters are timed and scaled up, else whole batches. Changes no weight, gradient, random
+    state or data position."""
     rng, (x, y) = torch.get_rng_state(), batch
     timings = {True: [], False: []}
     n = -(-len(x) // 4)
@@ -51,7 +53,7 @@ def time_passes(model, batch, env, repeats=3):
             if train:
                 loss.backward()
             seconds = (time.perf_counter() - t0) * len(x) / n
-            if i:
+            if i or not repeats:
                 timings[train].append(seconds)
             elif train and seconds < 1:
                 n = len(x)
@@ -97,24 +99,26 @@ def thread_share(processes):
 def check_cpu_run(run, argv, iters, evals):
     """On a CPU: print how long `iters` iterations and `evals` evaluations of the Run will take. A
     run that did not ask for the CPU (device='auto' found no GPU) and would take over LIMIT stops
-    here, before its first evaluation, with the command sized for a CPU. Rank 0 times; every process
-    learns the verdict."""
+    here, before its first evaluation, with the command sized for a CPU: at once where its first
+    passes put it past FAR x LIMIT (a GPU-sized config: hours), else after the timings. Rank 0
+    times; every process learns the verdict."""
     cfg, env, task = run.cfg, run.env, run.task
     message = None
     if env.master:
         try:
-            train, evaluate = time_passes(run.raw_model, task.batch, env)
+            total = None
+            if cfg.device == 'auto':
+                total = run_times(run, *time_passes(run.raw_model, task.batch, env, repeats=0), iters, evals)
+            if total is None or total[0] <= FAR * LIMIT:
+                total = run_times(run, *time_passes(run.raw_model, task.batch, env), iters, evals)
+                print(f"on this CPU: about {duration(statistics.median(total))} ({duration(total[0])} to "
+                      f"{duration(total[-1])} over {len(total)} timings of a training pass and an evaluation batch) "
+                      f"for {iters} iterations and {evals} evaluations")
+                hint = busy(torch.get_num_threads(), int(os.environ.get('LOCAL_WORLD_SIZE', 1)))
+                if hint:
+                    print(hint)
         except torch.OutOfMemoryError:
             raise UserError(oom_advice(cfg, True)) from None
-        micro_steps = iters * run.micro_steps
-        batches = evals * task.eval_batches(cfg.eval_iters)
-        total = [micro_steps * t + batches * e for t, e in zip(sorted(train), sorted(evaluate))]
-        print(f"on this CPU: about {duration(statistics.median(total))} ({duration(total[0])} to {duration(total[-1])} "
-              f"over {len(total)} timings of a training pass and an evaluation batch) for {iters} iterations and "
-              f"{evals} evaluations")
-        hint = busy(torch.get_num_threads(), int(os.environ.get('LOCAL_WORLD_SIZE', 1)))
-        if hint:
-            print(hint)
         if cfg.device == 'auto' and total[0] > LIMIT:
             small = configure.load(shlex.split(cpu_command(argv))[2:])
             message = (f"this config is sized for a GPU ({cfg.n_layer} layers x {cfg.n_embd}, {task.items_per_iter:,} "
@@ -125,3 +129,9 @@ def check_cpu_run(run, argv, iters, evals):
     message = verdict(message, env.ddp)
     if message:
         raise UserError(message)
+
+
+def run_times(run, train, evaluate, iters, evals):
+    """Seconds of `iters` iterations and `evals` evaluations, a total for each pair of timings, shortest first."""
+    micro_steps, batches = iters * run.micro_steps, evals * run.task.eval_batches(run.cfg.eval_iters)
+    return [micro_steps * t + batches * e for t, e in zip(sorted(train), sorted(evaluate))]

@@ -15,8 +15,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.nn.utils import parametrize
 
@@ -238,6 +236,8 @@ def parallelize(model, cfg, env):
     (ResidualUpdate.depth) sends gradients into a block's inner tensors from later blocks, past the block's outputs
     where FSDP gathers its weights for backward: its blocks are sharded with the whole model, as one group."""
     if env.fsdp:
+        # loaded here: its import (DTensor's with it) adds half a second to the start of every other process
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         mp = MixedPrecisionPolicy(param_dtype=getattr(torch, env.dtype), reduce_dtype=torch.float32)
         whole = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
         for block in model.blocks:
@@ -274,10 +274,10 @@ def synchronising(model, env, last):
 
 def fingerprint(model):
     """Each parameter's sum in float64, of this process's shard under FSDP: equal across DDP replicas."""
-    return torch.stack([(p.to_local() if isinstance(p, DTensor) else p).detach().double().sum()
+    return torch.stack([(p.to_local() if hasattr(p, 'to_local') else p).detach().double().sum()  # a DTensor's
                         for p in model.parameters()]).cpu()
 
 
 def local_norms(norms):
     """Gradient norms of FSDP's shards (a DTensor of partial norms) reduced to whole ones."""
-    return norms.full_tensor() if isinstance(norms, DTensor) else norms
+    return norms.full_tensor() if hasattr(norms, 'full_tensor') else norms  # a DTensor's

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 import configure
-from orthogpt import checkpoint, hf, parallel, resume, sharded
+from orthogpt import checkpoint, hf, parallel, resume
 from orthogpt.errors import UserError
 from orthogpt.optim import StepScaler, make_optimizer, oom_advice, train_step
 from orthogpt.rng import rng_state, seed_all, set_rng_state
@@ -75,6 +75,7 @@ class Run:
                                 f"weights: DDP replicas diverged")
         folder, written = None, None
         if env.fsdp:
+            from orthogpt import sharded  # torch.distributed.checkpoint (and DTensor): loaded only where a run shards
             if cfg.async_save and self.group is None:  # every process saves together: a collective of all
                 self.group = dist.new_group(backend='gloo')
             folder, written = sharded.save(self.raw_model, self.optimizer, cfg.out_dir, self.counters.iter_num,

@@ -55,6 +55,20 @@ def test_a_cpu_run_is_estimated_and_a_gpu_sized_one_stops_with_the_cpu_command(r
     assert 'step 0:' not in printed and not (tmp_path / 'big').exists()  # stopped before evaluating, its folder gone
 
 
+@pytest.mark.parametrize('far,timed', [(0.0, False), (float('inf'), True)])
+def test_a_run_far_past_the_limit_stops_after_its_first_passes_and_one_near_it_after_the_timings(
+        run, capsys, monkeypatch, tmp_path, far, timed):
+    """Injected: a limit of a nanosecond, and FAR at 0 (any first pass is far past it) or infinite (none is)."""
+    monkeypatch.setattr(estimate, 'LIMIT', 1e-9)
+    monkeypatch.setattr(estimate, 'FAR', far)
+    real, repeats = estimate.time_passes, []
+    monkeypatch.setattr(estimate, 'time_passes', lambda *a, **k: repeats.append(k.get('repeats', 3)) or real(*a, **k))
+    with pytest.raises(SystemExit, match='this config is sized for a GPU'):
+        run('--max_iters=10', '--device=auto')
+    assert repeats == ([0, 3] if timed else [0])
+    assert ('on this CPU: about' in capsys.readouterr().out) == timed and not (tmp_path / 'out').exists()
+
+
 @pytest.mark.parametrize('load,named', [(0.0, False), (7.5, True)])
 def test_a_busy_machine_is_named_at_the_start(run, capsys, monkeypatch, load, named):
     """The load average of the last minute (os.getloadavg, set here) leaves fewer free cores than the run's threads:

@@ -36,14 +36,15 @@ def train_args(tiny, data, out, *extra):
     return ['train.py', 'config/shakespeare_add.py', *tiny, f'--data_dir={data}', f'--out_dir={out}', *STEPS, *extra]
 
 
-@pytest.fixture(scope='module')
+# session scope: xdist's worksteal may leave a module and come back to it, which builds a module's fixture anew
+@pytest.fixture(scope='session')
 def data(tmp_path_factory, tiny_text):
     folder = tmp_path_factory.mktemp('data')
     (folder / 'input.txt').write_text(tiny_text, encoding='utf-8')
     return folder
 
 
-@pytest.fixture(scope='module')
+@pytest.fixture(scope='session')
 def uninterrupted(tmp_path_factory, torchrun, tiny, data):
     """The log of an uninterrupted DDP run of two processes, --standalone."""
     out = tmp_path_factory.mktemp('uninterrupted') / 'out'

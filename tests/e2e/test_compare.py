@@ -26,7 +26,8 @@ TINY = ['--n_layer=1', '--n_head=2', '--n_embd=16', '--block_size=16', '--batch_
 CONFIGS = [os.path.join(ROOT, 'config', c) for c in ('shakespeare_add.py', 'shakespeare_rot.py')]
 
 
-@pytest.fixture(scope='module')
+# session scope: xdist's worksteal may leave a module and come back to it, which builds a module's fixture anew
+@pytest.fixture(scope='session')
 def compared(tmp_path_factory, tiny_text):
     root = tmp_path_factory.mktemp('compare')
     data = root / 'data'
@@ -213,7 +214,7 @@ def test_config_errors_stop_before_any_run(tmp_path):
     assert not os.listdir(tmp_path)
 
 
-@pytest.fixture(scope='module')
+@pytest.fixture(scope='session')
 def switched(compared):
     """[Oh] Sec. 4.3 on tiny runs: additive for 10 iterations, then additive or orthogonal to 20
     with a fresh optimizer and schedule."""

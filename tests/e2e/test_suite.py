@@ -47,7 +47,7 @@ def test_the_smoke_suite_writes_every_table(tmp_path, char_data, capsys, tables)
     assert list(tables.cells((out / 'decode.md').read_text())) == ['additive', 'mhc']
     assert list(tables.cells((out / 'decode_gpt2.md').read_text())) == ['additive']
     runs = tables.cells((out / 'shakespeare.md').read_text())
-    assert list(runs) == [f'`shakespeare_{v} mlp={m} optimizer={o}`' for v in suite.RULES[:2]
+    assert list(runs) == [f'`shakespeare_{v} mlp={m} optimizer={o}`' for v in suite.RULES[:1]
                           for m in ('standard', 'gated') for o in ('adamw', 'muon')]
     assert all(seeds == '1/1' and 0 < tables.number(best) < 5 for _, seeds, best, *_ in runs.values())  # ln(39) ~ 3.7
     series = tables.cells((out / 'miniseries.md').read_text())  # its last row of each rule: the fit's

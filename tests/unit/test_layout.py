@@ -101,6 +101,16 @@ def test_the_model_and_sample_py_load_neither_fsdp_nor_the_data_pipeline(code):
     assert done.stdout.strip().splitlines()[-1] == '[]'
 
 
+def test_train_py_loads_fsdp_and_distributed_checkpoints_only_for_a_sharded_run():
+    """Their imports (DTensor's with them) add about half a second to the start of each process: of every run, and
+    of every rank of a torchrun."""
+    probe = ("import sys, train\nprint(sorted(m for m in sys.modules if m.startswith(('torch.distributed.fsdp', "
+             "'torch.distributed.tensor', 'torch.distributed.checkpoint', 'orthogpt.sharded'))))")
+    done = subprocess.run([sys.executable, '-c', probe], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == '[]'
+
+
 def test_train_py_is_a_script_of_short_functions():
     with open(os.path.join(ROOT, 'train.py')) as f:
         tree = ast.parse(f.read())
