@@ -236,7 +236,7 @@ def parallelize(model, cfg, env):
     (ResidualUpdate.depth) sends gradients into a block's inner tensors from later blocks, past the block's outputs
     where FSDP gathers its weights for backward: its blocks are sharded with the whole model, as one group."""
     if env.fsdp:
-        # loaded here: its import (DTensor's with it) adds half a second to the start of every other process
+        # loaded here: its import (DTensor's with it) adds about a second to the start of every other process
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         mp = MixedPrecisionPolicy(param_dtype=getattr(torch, env.dtype), reduce_dtype=torch.float32)
         whole = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)

@@ -102,7 +102,7 @@ def test_the_model_and_sample_py_load_neither_fsdp_nor_the_data_pipeline(code):
 
 
 def test_train_py_loads_fsdp_and_distributed_checkpoints_only_for_a_sharded_run():
-    """Their imports (DTensor's with them) add about half a second to the start of each process: of every run, and
+    """Their imports (DTensor's with them) add about a second to the start of each process: of every run, and
     of every rank of a torchrun."""
     probe = ("import sys, train\nprint(sorted(m for m in sys.modules if m.startswith(('torch.distributed.fsdp', "
              "'torch.distributed.tensor', 'torch.distributed.checkpoint', 'orthogpt.sharded'))))")
