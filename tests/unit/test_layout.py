@@ -90,25 +90,27 @@ def test_imports_flow_one_way_without_a_cycle():
         visit(node)
 
 
+def loaded(code, wanted):
+    """The modules whose names `wanted` accepts among those a fresh interpreter has loaded after running code."""
+    probe = (f"import sys\ntry:\n    {code}\nexcept SystemExit:\n    pass\n"
+             f"print(sorted(m for m in sys.modules if ({wanted})(m)))")
+    done = subprocess.run([sys.executable, '-c', probe], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().splitlines()[-1]
+
+
 @pytest.mark.parametrize('code', ['import model', 'import sys; sys.argv = ["sample.py", "--help"]; import runpy; '
                                                   'runpy.run_path("sample.py", run_name="__main__")'])
 def test_the_model_and_sample_py_load_neither_fsdp_nor_the_data_pipeline(code):
-    probe = (f"import sys\ntry:\n    {code}\nexcept SystemExit:\n    pass\n"
-             "print(sorted(m for m in sys.modules if 'fsdp' in m or m in ('orthogpt.tasks', 'orthogpt.windows', "
-             "'orthogpt.images', 'orthogpt.parallel', 'datasets')))")
-    done = subprocess.run([sys.executable, '-c', probe], cwd=ROOT, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().splitlines()[-1] == '[]'
+    assert loaded(code, "lambda m: 'fsdp' in m or m in ('orthogpt.tasks', 'orthogpt.windows', 'orthogpt.images', "
+                        "'orthogpt.parallel', 'datasets')") == '[]'
 
 
 def test_train_py_loads_fsdp_and_distributed_checkpoints_only_for_a_sharded_run():
     """Their imports (DTensor's with them) add about a second to the start of each process: of every run, and
     of every rank of a torchrun."""
-    probe = ("import sys, train\nprint(sorted(m for m in sys.modules if m.startswith(('torch.distributed.fsdp', "
-             "'torch.distributed.tensor', 'torch.distributed.checkpoint', 'orthogpt.sharded'))))")
-    done = subprocess.run([sys.executable, '-c', probe], cwd=ROOT, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().splitlines()[-1] == '[]'
+    assert loaded('import train', "lambda m: m.startswith(('torch.distributed.fsdp', 'torch.distributed.tensor', "
+                                  "'torch.distributed.checkpoint', 'orthogpt.sharded'))") == '[]'
 
 
 def test_train_py_is_a_script_of_short_functions():
