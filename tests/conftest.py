@@ -3,10 +3,12 @@ tests of the mathematics and of single functions; tests/kernels the Triton kerne
 interpreter (slow on a CPU); tests/e2e the ones that run train.py, torchrun, the tools or a compiler."""
 
 import errno
+import fcntl
 import gzip
 import io
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -173,6 +175,28 @@ def seeded():
 def root():
     """The repository's folder."""
     return ROOT
+
+
+@pytest.fixture(scope='session')
+def built_once(tmp_path_factory, worker_id):
+    """built_once(name, build): a folder that build(folder) fills once in this test session. A session fixture is
+    built by each pytest-xdist worker that needs it; through this, by the first, while the others wait on a lock,
+    then read the same folder. For a folder the tests only read, or add to under names of their own."""
+    def get(name, build):
+        if worker_id == 'master':  # no workers
+            folder = tmp_path_factory.mktemp(name)
+            build(folder)
+            return folder
+        folder = tmp_path_factory.getbasetemp().parent / name  # the workers' common folder, this session's
+        with open(f'{folder}.lock', 'w') as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # freed when its holder ends, whatever ends it
+            if not (folder / '.built').exists():
+                shutil.rmtree(folder, ignore_errors=True)  # a build that failed
+                folder.mkdir()
+                build(folder)
+                (folder / '.built').touch()
+        return folder
+    return get
 
 
 @pytest.fixture(scope='session')

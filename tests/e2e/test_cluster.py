@@ -45,12 +45,12 @@ def data(tmp_path_factory, tiny_text):
 
 
 @pytest.fixture(scope='session')
-def uninterrupted(tmp_path_factory, torchrun, tiny, data):
+def uninterrupted(built_once, torchrun, tiny, data):
     """The log of an uninterrupted DDP run of two processes, --standalone."""
-    out = tmp_path_factory.mktemp('uninterrupted') / 'out'
-    done = torchrun(2, *train_args(tiny, data, out)[1:], env=dict(os.environ, **RESTARTABLE))
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    return out
+    def build(folder):
+        done = torchrun(2, *train_args(tiny, data, folder / 'out')[1:], env=dict(os.environ, **RESTARTABLE))
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return built_once('uninterrupted', build) / 'out'
 
 
 class Launcher:

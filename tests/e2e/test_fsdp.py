@@ -2,6 +2,7 @@
 reaches, checkpoints in torch.distributed.checkpoint's shards resumed on 2 processes exactly and
 on 1, and the errors a user meets."""
 
+import functools
 import os
 import shutil
 
@@ -55,21 +56,23 @@ def test_fsdp_reaches_the_weights_of_ddp(variant, torchrun, tiny, char_data, tmp
         torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5, msg=lambda m: f'{name}: {m}')
 
 
-# session scope: xdist's worksteal may leave a module and come back to it, which builds a module's fixture anew
 @pytest.fixture(scope='session')
-def sharded(tmp_path_factory, tiny_text, torchrun, tiny):
-    """A run to 8 on 2 processes, and one stopped at 4 then resumed to 8 on 2; its checkpoint at 4."""
-    base = tmp_path_factory.mktemp('fsdp')
-    (base / 'data').mkdir()
-    (base / 'data' / 'input.txt').write_text(tiny_text, encoding='utf-8')
-    run = lambda out, nproc, *args: spawn(torchrun, tiny, base / 'data', base / out, nproc, '--parallel=fsdp',  # noqa: E731
-                                          '--qkv=cayley', '--gradient_accumulation_steps=2', '--lr_decay_iters=8',
-                                          *args)
-    run('full', 2, '--max_iters=8')
-    run('part', 2, '--max_iters=4')
-    shutil.copytree(base / 'part', base / 'part1')
-    run('part', 2, '--max_iters=8', '--init_from=resume')
-    return base, run
+def sharded(built_once, tiny_text, torchrun, tiny):
+    """A run to 8 on 2 processes, and one stopped at 4 then resumed to 8 on 2; its checkpoint at 4. Each test writes
+    a run of its own beside them."""
+    def run(base, out, nproc, *args):
+        return spawn(torchrun, tiny, base / 'data', base / out, nproc, '--parallel=fsdp', '--qkv=cayley',
+                     '--gradient_accumulation_steps=2', '--lr_decay_iters=8', *args)
+
+    def build(base):
+        (base / 'data').mkdir()
+        (base / 'data' / 'input.txt').write_text(tiny_text, encoding='utf-8')
+        run(base, 'full', 2, '--max_iters=8')
+        run(base, 'part', 2, '--max_iters=4')
+        shutil.copytree(base / 'part', base / 'part1')
+        run(base, 'part', 2, '--max_iters=8', '--init_from=resume')
+    base = built_once('fsdp', build)
+    return base, functools.partial(run, base)
 
 
 def test_resuming_on_as_many_processes_is_exact(sharded, logs):
