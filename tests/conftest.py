@@ -178,12 +178,12 @@ def root():
 
 
 @pytest.fixture(scope='session')
-def built_once(tmp_path_factory, worker_id):
+def built_once(tmp_path_factory):
     """built_once(name, build): a folder that build(folder) fills once in this test session. A session fixture is
     built by each pytest-xdist worker that needs it; through this, by the first, while the others wait on a lock,
     then read the same folder. For a folder the tests only read, or add to under names of their own."""
     def get(name, build):
-        if worker_id == 'master':  # no workers
+        if 'PYTEST_XDIST_WORKER' not in os.environ:  # no workers
             folder = tmp_path_factory.mktemp(name)
             build(folder)
             return folder

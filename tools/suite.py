@@ -106,7 +106,8 @@ CHECKS = ('kernel_check', 'selfcheck', 'train_check')  # a failed one skips the 
 RUNBOOK = (*CHECKS, 'kernel_bw')  # --runbook: the kernels checked on the GPU, then timed; 7 minutes by the limits
 PROVED = ('hc', 'mhc', 'mhc_identity', 'mhc_lite', 'jpmhc')  # the suite's wide rules: config/shakespeare_<rule>.py
 WIDTHS = (768, 256, 128, 320)  # theirs by power-of-two bucket: GPT-2's, Tiny Shakespeare's, the miniseries' (64 x 2-5)
-# train_check: steps (the smoke run's two: the second loss follows the kernels' gradients), and how far apart the two
+# train_check: steps (the smoke run's two: the second loss follows one update, AdamW's first, which reads little
+# more of the kernels' gradients than their signs; the kernels' own tests check the values), and how far apart the two
 # runs' losses may lie, relative, on the CPU (float32) and on the GPU (bfloat16 under autocast) (docs/performance.md,
 # "The GPU table")
 TRAIN_STEPS, TRAIN_TOLERANCE = {'cpu': 2, 'cuda': 50}, {'cpu': 1e-5, 'cuda': 1e-3}

@@ -24,7 +24,8 @@ VARIANTS = [dict(residual='additive'), dict(residual='rotation'), dict(residual=
             dict(residual='denseformer'), dict(residual='additive', x0_mix='identity')]
 MODERN = dict(pos='rope', qk_norm=True, activation='relu2', norm='rmsnorm', norm_gain=False, logit_softcap=15.0,
               value_embeds=True, tie_weights=False)  # config/modern.py's block
-VARIANTS += [dict(residual='additive', **MODERN)]  # each rule in its blocks: the tests of compiled_blocks below
+VARIANTS += [dict(residual=rule, **MODERN) for rule in  # each rule in its blocks: the tests of compiled_blocks below;
+             ('additive', 'rotation', 'ngpt', 'mhc', 'attnres')]  # here each path of the trunk outside the blocks
 
 
 @pytest.mark.parametrize('variant,qkv', [(v, 'dense') for v in VARIANTS] + [
@@ -32,8 +33,9 @@ VARIANTS += [dict(residual='additive', **MODERN)]  # each rule in its blocks: th
     (VARIANTS[1], 'exp')], ids=lambda v: '-'.join(map(str, v.values())) if isinstance(v, dict) else v)
 def test_compiles_in_one_graph(variant, qkv, gpt_config):
     """torch.compile of the whole model traces the forward and the backward (the update rules, the Q/K/V maps)
-    without a graph break, and computes what eager mode does. Every rule in the modern block: a block at a time, below
-    (the modern block's parts outside the blocks: additive's case here)."""
+    without a graph break, and computes what eager mode does. In the modern block, each kind of trunk (the stream's
+    first and last norms, n copies, a read-out across depth, nGPT's logit scale under the soft-cap); every rule in
+    its blocks: a block at a time, below."""
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = GPT(gpt_config(qkv=qkv, **variant)).train()

@@ -58,8 +58,9 @@ def test_fsdp_reaches_the_weights_of_ddp(variant, torchrun, tiny, char_data, tmp
 
 @pytest.fixture(scope='session')
 def sharded(built_once, tiny_text, torchrun, tiny):
-    """A run to 8 on 2 processes, and one stopped at 4 then resumed to 8 on 2; its checkpoint at 4. Each test writes
-    a run of its own beside them."""
+    """A run to 8 on 2 processes, and one stopped at 4 then resumed to 8 on 2; its checkpoint at 4 (part1, which one
+    test resumes). Each test writes a run of its own beside them, and reads them, shared between xdist's workers (the
+    sampling test's refused resume takes full's lock as it starts, writing nothing else)."""
     def run(base, out, nproc, *args):
         return spawn(torchrun, tiny, base / 'data', base / out, nproc, '--parallel=fsdp', '--qkv=cayley',
                      '--gradient_accumulation_steps=2', '--lr_decay_iters=8', *args)
