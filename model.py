@@ -1078,10 +1078,6 @@ class GPT(Trunk, nn.Module):
     def own_stream_matrices(self):
         return [(m.weight, -1) for m in (self.wte, self.wpe, self.lm_head) if m is not None]
 
-    def lookups(self):  # the parameters looked up, not multiplied: positions, value embeddings, an untied wte's
-        tables = (self.wpe, self.value_embeds, None if self.config.tie_weights else self.wte)
-        return sum(p.numel() for m in tables if m is not None for p in m.parameters())
-
     def forward(self, idx, targets=None, cache=None, last=False):
         """idx (B, T) token ids -> logits (B, T, vocab), and the mean cross-entropy of targets (B, T) if given (-1:
         ignored). With a DecodeState, idx continues the sequence it holds, at its position, and it takes idx in.

@@ -65,3 +65,10 @@ def per_item(model, one, items_per_step):
     one_item, two_items = count(*one), count(*(torch.cat([t, t]) for t in one))
     per_item, per_step = two_items - one_item, 2 * one_item - two_items
     return per_item + per_step / items_per_step
+
+
+def lookups(gpt):
+    """A GPT's parameters looked up, not multiplied, which the 6N convention leaves out: its positions, its value
+    embeddings and an untied wte (a tied one is the head's matrix)."""
+    tables = (gpt.wpe, gpt.value_embeds, None if gpt.config.tie_weights else gpt.wte)
+    return sum(p.numel() for m in tables if m is not None for p in m.parameters())

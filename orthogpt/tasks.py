@@ -139,7 +139,7 @@ class LanguageTask(Task):
         """Per token: 6N for the matmuls of forward and backward (the embeddings looked up, of positions
         and of values, do none), plus attention's 12 L T d (PaLM, appendix B)."""
         c = self.cfg
-        return 6 * (model.num_params() - model.lookups()) + 12 * c.n_layer * c.n_embd * c.block_size
+        return 6 * (model.num_params() - flops.lookups(model)) + 12 * c.n_layer * c.n_embd * c.block_size
 
     def eval_inputs(self):
         self.eval_loaders['val'].reset()

@@ -12,6 +12,7 @@ import configure
 from configure.errors import UserError
 from model import GPT, MLP, RESIDUALS, SelfAttention, ViTConfig, rotary
 from orthogpt import decoding
+from orthogpt.flops import lookups
 
 MODERN = dict(pos='rope', rope_base=100000.0, qk_norm=True, activation='relu2', norm='rmsnorm', norm_gain=False,
               logit_softcap=15.0, value_embeds=True, tie_weights=False)
@@ -132,12 +133,12 @@ def test_norms_without_gains_have_no_parameters_and_divide_by_the_rms(gpt_config
 
 @pytest.mark.parametrize('n_layer,layers', [(1, ['0']), (3, ['0', '2']), (4, ['1', '3'])])
 def test_value_embeddings_sit_on_every_other_layer_ending_at_the_last(n_layer, layers, gpt_config):
-    """nanochat's layers; the embeddings are looked up (GPT.lookups, as the positions are), outside the blocks, and a
+    """nanochat's layers; the embeddings are looked up (orthogpt.flops.lookups, as the positions are), outside the blocks, and a
     layer's attention has a gate exactly where it has embeddings, its weights drawn from [0, 0.02]."""
     model = GPT(gpt_config(value_embeds=True, n_layer=n_layer))
     assert list(model.value_embeds) == layers
     assert [str(i) for i, b in enumerate(model.blocks) if b.attn.ve_gate is not None] == layers
-    assert model.lookups() == 16 * 16 + len(layers) * 11 * 16  # wpe, then vocab x n_embd per layer
+    assert lookups(model) == 16 * 16 + len(layers) * 11 * 16  # wpe, then vocab x n_embd per layer
     assert all(0 <= b.attn.ve_gate.weight.min() and b.attn.ve_gate.weight.max() <= 0.02
                for b in model.blocks if b.attn.ve_gate is not None)
     assert not any('value_embeds' in n for n, _ in model.blocks.named_parameters())
@@ -201,7 +202,7 @@ def test_the_preset_stacks_on_every_rule_config_and_keeps_the_rule(rule, root):
 def test_an_untied_token_embedding_is_looked_up_and_a_tied_one_is_the_heads_matrix(tied, gpt_config):
     """What the MFU's 6N leaves out (tasks.flops_per_item): the tables read by index, not the head that multiplies."""
     model = GPT(gpt_config(tie_weights=tied, init='gpt2'))
-    assert model.lookups() == 16 * 16 + (0 if tied else 11 * 16)  # wpe, and an untied wte (vocab x n_embd)
+    assert lookups(model) == 16 * 16 + (0 if tied else 11 * 16)  # wpe, and an untied wte (vocab x n_embd)
 
 
 def test_value_embeddings_leave_v_in_autocasts_dtype(gpt_config, monkeypatch):
@@ -230,4 +231,4 @@ def test_the_preset_sizes_with_depth_as_nanochat(root):
     with torch.device('meta'):
         model = build_model(cfg)
     assert list(model.value_embeds) == ['0', '2']
-    assert block_parameters(cfg) == sum(p.numel() for p in model.parameters()) - model.lookups() - 192 * cfg.vocab_size
+    assert block_parameters(cfg) == sum(p.numel() for p in model.parameters()) - lookups(model) - 192 * cfg.vocab_size
