@@ -1,6 +1,7 @@
 """How long a run will take on a CPU, from timed passes, before it starts; and the CPU recipe's
 command when a config the user did not size for a CPU would take hours there."""
 
+import contextlib
 import os
 import shlex
 import statistics
@@ -34,33 +35,45 @@ def duration(seconds):
     return f"{seconds // 3600} h {seconds // 60 % 60:02d} min"
 
 
-def time_passes(model, batch, env, repeats=3):
-    """(seconds of a training micro-step's forward and backward, of an evaluation batch's forward),
-    each `repeats` timings after one untimed pass, for a batch of batch_size items; repeats=0: the
-    first pass of each kind alone, timed, which is slower than the next ones (a rough upper bound).
-    The first pass reads a quarter of the batch; where that took over a quarter of a second,
-    quarters are timed and scaled up, else whole batches. Changes no weight, gradient, random
-    state or data position."""
-    rng, (x, y) = torch.get_rng_state(), batch
-    timings = {True: [], False: []}
-    n = -(-len(x) // 4)
-    for train in (True, False):
-        for i in range(repeats + 1):
-            model.train(train)
-            t0 = time.perf_counter()
-            with torch.set_grad_enabled(train), maps_of(model, env, grad=train), env.autocast:
-                _, loss = model(x[:n], y[:n])
-            if train:
-                loss.backward()
-            seconds = (time.perf_counter() - t0) * len(x) / n
-            if i or not repeats:
-                timings[train].append(seconds)
-            elif train and seconds < 1:
-                n = len(x)
-    model.train()
-    model.zero_grad(set_to_none=True)
-    torch.set_rng_state(rng)
-    return timings[True], timings[False]
+@contextlib.contextmanager
+def untouched(model):
+    """Passes inside change no weight, gradient, random state or data position that training will see."""
+    rng = torch.get_rng_state()
+    try:
+        yield
+    finally:
+        model.train()
+        model.zero_grad(set_to_none=True)
+        torch.set_rng_state(rng)
+
+
+def one_pass(model, batch, env, train, n):
+    """Seconds of a training micro-step's forward and backward (train) or of an evaluation batch's forward, on the
+    first n items of the batch, scaled up to the batch."""
+    x, y = batch
+    model.train(train)
+    t0 = time.perf_counter()
+    with torch.set_grad_enabled(train), maps_of(model, env, grad=train), env.autocast:
+        _, loss = model(x[:n], y[:n])
+    if train:
+        loss.backward()
+    return (time.perf_counter() - t0) * len(x) / n
+
+
+def first_passes(model, batch, env):
+    """(training pass, evaluation batch) in seconds, each the first of its kind, on a quarter of the batch: slower
+    than the next ones (a rough upper bound), and the warm-up of time_passes."""
+    with untouched(model):
+        return tuple(one_pass(model, batch, env, train, -(-len(batch[0]) // 4)) for train in (True, False))
+
+
+def time_passes(model, batch, env, first, repeats=3):
+    """([training passes], [evaluation batches]) in seconds, `repeats` timings of each after first_passes, whose
+    training pass took `first` seconds: where that was over a second, quarters of the batch are timed and scaled up,
+    else whole batches."""
+    n = len(batch[0]) if first < 1 else -(-len(batch[0]) // 4)
+    with untouched(model):
+        return tuple([one_pass(model, batch, env, train, n) for _ in range(repeats)] for train in (True, False))
 
 
 def cpu_command(argv):
@@ -106,11 +119,10 @@ def check_cpu_run(run, argv, iters, evals):
     message = None
     if env.master:
         try:
-            total = None
-            if cfg.device == 'auto':
-                total = run_times(run, *time_passes(run.raw_model, task.batch, env, repeats=0), iters, evals)
-            if total is None or total[0] <= FAR * LIMIT:
-                total = run_times(run, *time_passes(run.raw_model, task.batch, env), iters, evals)
+            first = first_passes(run.raw_model, task.batch, env)
+            total = run_times(run, [first[0]], [first[1]], iters, evals)
+            if cfg.device != 'auto' or total[0] <= FAR * LIMIT:
+                total = run_times(run, *time_passes(run.raw_model, task.batch, env, first[0]), iters, evals)
                 print(f"on this CPU: about {duration(statistics.median(total))} ({duration(total[0])} to "
                       f"{duration(total[-1])} over {len(total)} timings of a training pass and an evaluation batch) "
                       f"for {iters} iterations and {evals} evaluations")

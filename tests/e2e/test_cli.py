@@ -61,11 +61,13 @@ def test_a_run_far_past_the_limit_stops_after_its_first_passes_and_one_near_it_a
     """Injected: a limit of a nanosecond, and FAR at 0 (any first pass is far past it) or infinite (none is)."""
     monkeypatch.setattr(estimate, 'LIMIT', 1e-9)
     monkeypatch.setattr(estimate, 'FAR', far)
-    real, repeats = estimate.time_passes, []
-    monkeypatch.setattr(estimate, 'time_passes', lambda *a, **k: repeats.append(k.get('repeats', 3)) or real(*a, **k))
+    calls = []
+    for name in ('first_passes', 'time_passes'):
+        real = getattr(estimate, name)
+        monkeypatch.setattr(estimate, name, lambda *a, name=name, real=real, **k: calls.append(name) or real(*a, **k))
     with pytest.raises(SystemExit, match='this config is sized for a GPU'):
         run('--max_iters=10', '--device=auto')
-    assert repeats == ([0, 3] if timed else [0])
+    assert calls == (['first_passes', 'time_passes'] if timed else ['first_passes'])
     assert ('on this CPU: about' in capsys.readouterr().out) == timed and not (tmp_path / 'out').exists()
 
 
