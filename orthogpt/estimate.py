@@ -62,7 +62,7 @@ def one_pass(model, batch, env, train, n):
 
 def first_passes(model, batch, env):
     """(training pass, evaluation batch) in seconds, each the first of its kind, on a quarter of the batch: slower
-    than the next ones (a rough upper bound), and the warm-up of time_passes."""
+    than the next ones (a rough upper bound), and the warm-up of time_passes, which they size."""
     with untouched(model):
         return tuple(one_pass(model, batch, env, train, -(-len(batch[0]) // 4)) for train in (True, False))
 

@@ -58,16 +58,15 @@ def test_a_cpu_run_is_estimated_and_a_gpu_sized_one_stops_with_the_cpu_command(r
 @pytest.mark.parametrize('far,timed', [(0.0, False), (float('inf'), True)])
 def test_a_run_far_past_the_limit_stops_after_its_first_passes_and_one_near_it_after_the_timings(
         run, capsys, monkeypatch, tmp_path, far, timed):
-    """Injected: a limit of a nanosecond, and FAR at 0 (any first pass is far past it) or infinite (none is)."""
+    """Injected: a limit of a nanosecond, and FAR at 0 (any first pass is far past it) or infinite (none is). The
+    first pass of each kind is the timings' warm-up: a training pass and an evaluation batch, then 3 timings of each."""
     monkeypatch.setattr(estimate, 'LIMIT', 1e-9)
     monkeypatch.setattr(estimate, 'FAR', far)
-    calls = []
-    for name in ('first_passes', 'time_passes'):
-        real = getattr(estimate, name)
-        monkeypatch.setattr(estimate, name, lambda *a, name=name, real=real, **k: calls.append(name) or real(*a, **k))
+    passes, real = [], estimate.one_pass
+    monkeypatch.setattr(estimate, 'one_pass', lambda *a: passes.append(a[3]) or real(*a))  # a[3]: train
     with pytest.raises(SystemExit, match='this config is sized for a GPU'):
         run('--max_iters=10', '--device=auto')
-    assert calls == (['first_passes', 'time_passes'] if timed else ['first_passes'])
+    assert passes == ([True, False] + [True] * 3 + [False] * 3 if timed else [True, False])
     assert ('on this CPU: about' in capsys.readouterr().out) == timed and not (tmp_path / 'out').exists()
 
 
