@@ -6,6 +6,7 @@ study's (docs/logs/two_blocks/: width 128, as config/cpu.py; the 16-layer cells 
     python docs/logs/depth16/table.py                                  # the tables, from the logs here
     python docs/logs/depth16/table.py --collect out-compare/depth16    # first copy in the ended runs of OUT/CELL/
     python docs/logs/depth16/table.py --muon                           # the Muon cell's configs and rates (run.sh)
+    python docs/logs/depth16/table.py --figure docs/depth16_deltas.png  # the paired differences, drawn
 
 The rules of reading are the two-block study's (its table.py, whose functions these tables call): a rate is chosen
 as compare.py chooses it (the lowest seed-1337 loss once the grid's extensions have run); a rule's difference from
@@ -154,6 +155,30 @@ def muon_configs(data, d):
             + [f'--per=shakespeare_{r}:learning_rate={data[cell][r][0]:g}' for r in rules])
 
 
+def figure(d, path):
+    """Each rule's paired difference from additive in each cell, with its 95% t interval: below 0 is better."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    cells = [c for c in CELLS if c in d]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.8 / max(len(cells), 1)
+    for k, cell in enumerate(cells):
+        xs, ys, half = [], [], []
+        for i, r in enumerate(RULES[1:]):
+            p = d[cell].get(r)
+            if p:
+                xs.append(i + (k - (len(cells) - 1) / 2) * width)
+                ys.append(p[0])
+                half.append(two.T95[p[2] - 1] * p[1])
+        ax.errorbar(xs, ys, yerr=half, fmt='o', capsize=3, label=f"{name(cell)} layers")
+    ax.axhline(0, color='grey', lw=0.8)
+    ax.set_xticks(range(len(RULES) - 1), RULES[1:])
+    ax.set_ylabel('final val loss − additive (paired, 95% t)')
+    ax.legend(fontsize=8)
+    fig.savefig(path, dpi=110, bbox_inches='tight')
+
+
 def collect(out):
     """Copy the ended runs' log.jsonl, config.json and run.json, and compile.md, from OUT/CELL/ to CELL/ here."""
     for cell, folder in CELLS.items():
@@ -174,6 +199,7 @@ if __name__ == '__main__':
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--collect', metavar='OUT', help='copy in the ended runs of OUT/CELL/ first')
     p.add_argument('--muon', action='store_true', help="print the Muon cell's configs (none: its AdamW cell is not done)")
+    p.add_argument('--figure', metavar='PNG', help='draw the paired differences to PNG')
     args = p.parse_args()
     if args.collect:
         collect(args.collect)
@@ -193,3 +219,5 @@ if __name__ == '__main__':
     print(four_cells(d))
     print('\nThe chosen rate against depth:\n')
     print(rates_table(data))
+    if args.figure:
+        figure(d, args.figure)
