@@ -60,18 +60,22 @@ def one_pass(model, batch, env, train, n):
     return (time.perf_counter() - t0) * len(x) / n
 
 
+def quarter(batch):  # the items of a quarter of the batch, rounded up
+    return -(-len(batch[0]) // 4)
+
+
 def first_passes(model, batch, env):
     """(training pass, evaluation batch) in seconds, each the first of its kind, on a quarter of the batch: slower
     than the next ones (a rough upper bound), and the warm-up of time_passes, which they size."""
     with untouched(model):
-        return tuple(one_pass(model, batch, env, train, -(-len(batch[0]) // 4)) for train in (True, False))
+        return tuple(one_pass(model, batch, env, train, quarter(batch)) for train in (True, False))
 
 
 def time_passes(model, batch, env, first, repeats=3):
     """([training passes], [evaluation batches]) in seconds, `repeats` timings of each after first_passes, whose
     training pass took `first` seconds: where that was over a second, quarters of the batch are timed and scaled up,
     else whole batches."""
-    n = len(batch[0]) if first < 1 else -(-len(batch[0]) // 4)
+    n = len(batch[0]) if first < 1 else quarter(batch)
     with untouched(model):
         return tuple([one_pass(model, batch, env, train, n) for _ in range(repeats)] for train in (True, False))
 
