@@ -35,6 +35,7 @@ CELLS = {  # (block, optimizer, layers): its folder
     ('modern', 'muon', 16): os.path.join(HERE, 'modern-muon-16'),
 }
 RATE = {'adamw': 'learning_rate', 'muon': 'muon_lr'}
+GRID = {'adamw': two.GRID, 'muon': ['0.005', '0.01', '0.02']}  # run.sh's --tune, before compare.py widens it
 RULES = ['add', 'ortho', 'rot', 'hc', 'mhc', 'ddl', 'attnres', 'denseformer']
 
 
@@ -52,7 +53,7 @@ def cell_runs(cell):
 
 def summaries():
     """{cell: {rule: (chosen rate, {seed: loss}, params, ve params)}} for the rules tuned so far."""
-    return {cell: {r: s for r, runs in cell_runs(cell).items() for s in [two.summary(runs)] if s}
+    return {cell: {r: s for r, runs in cell_runs(cell).items() for s in [two.summary(runs, GRID[cell[1]])] if s}
             for cell in CELLS}
 
 
@@ -90,6 +91,11 @@ def tuning_table():
     return '\n'.join(lines)
 
 
+def spread(seeds):
+    """mean ± std of {seed: loss}, or '-' under two seeds."""
+    return f"{statistics.mean(seeds.values()):.4f} ± {statistics.stdev(seeds.values()):.4f}" if len(seeds) > 1 else '-'
+
+
 def main_table(data, d):
     """Per rule and cell: the chosen rate, parameters, final val loss over the seeds, and the paired difference."""
     lines = ['| rule | cell | rate | parameters | seeds | final val loss | Δ vs additive (n, at 95%) |',
@@ -100,8 +106,7 @@ def main_table(data, d):
             if s is None:
                 continue
             lr, seeds, params, ve = s
-            loss = (f"{statistics.mean(seeds.values()):.4f} ± {statistics.stdev(seeds.values()):.4f}"
-                    if len(seeds) > 1 else '-')
+            loss = spread(seeds)
             delta = '-' if r == 'add' else two.fmt(d.get(cell, {}).get(r))
             count = f"{params:,}" + (f" ({ve:,} value emb.)" if ve else '')
             lines.append(f"| {r} | {name(cell)} | {lr:g} | {count} | {len(seeds)} | {loss} | {delta} |")
@@ -129,6 +134,20 @@ def four_cells(d):
         claim = two.CLAIM[(two.verdict(g), two.verdict(m))] if g and m else '-'
         lines.append(f"| {r} | " + ' | '.join(two.fmt(ps[c]) if ps[c] else '-' for c in cells) + ' | '
                      + ' | '.join(growth) + f" | {claim} |")
+    return '\n'.join(lines)
+
+
+def muon_table(data, d):
+    """The Muon cell's rules: the paired difference from additive under Muon, and from the same rule under AdamW in the
+    modern block at 16 layers (seed by seed: what Muon changes)."""
+    muon, adamw = ('modern', 'muon', 16), ('modern', 'adamw', 16)
+    lines = ['| rule | muon_lr | final val loss | Δ vs additive, Muon | Muon − AdamW, same rule |',
+             '|---|---|---|---|---|']
+    for r, (lr, seeds, _, _) in data[muon].items():
+        loss = spread(seeds)
+        vs_add = '-' if r == 'add' else two.fmt(d.get(muon, {}).get(r))
+        vs_adamw = two.fmt(two.paired(seeds, data[adamw][r][1])) if r in data[adamw] else '-'
+        lines.append(f"| {r} | {lr:g} | {loss} | {vs_add} | {vs_adamw} |")
     return '\n'.join(lines)
 
 
@@ -217,6 +236,9 @@ if __name__ == '__main__':
     print(main_table(data, d))
     print('\nΔ vs additive in each cell, and the two questions:\n')
     print(four_cells(d))
+    if data[('modern', 'muon', 16)]:
+        print('\nMuon at 16 layers in the modern block:\n')
+        print(muon_table(data, d))
     print('\nThe chosen rate against depth:\n')
     print(rates_table(data))
     if args.figure:

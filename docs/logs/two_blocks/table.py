@@ -62,10 +62,10 @@ def runs(block):
     return found
 
 
-def chosen(tuning):
-    """compare.py's choice from {lr: seed-1337 loss}: the grid is widened at its edge as sweep.tune widens it, and the
-    best rate of the widened grid is the choice once every rate of it has run; None while one has not."""
-    grid, added = list(GRID), {}
+def chosen(tuning, start=GRID):
+    """compare.py's choice from {lr: seed-1337 loss}: the grid `start` is widened at its edge as sweep.tune widens it,
+    and the best rate of the widened grid is the choice once every rate of it has run; None while one has not."""
+    grid, added = list(start), {}
     while True:
         if any(float(v) not in tuning for v in grid):
             return None
@@ -76,9 +76,9 @@ def chosen(tuning):
         grid = wider
 
 
-def summary(cells):
+def summary(cells, grid=GRID):
     """(chosen lr, {seed: loss}, params, ve params) of one rule in one block, or None before its tuning is done."""
-    lr = chosen({lr: v[0] for (lr, seed), v in cells.items() if seed == TUNING_SEED})
+    lr = chosen({lr: v[0] for (lr, seed), v in cells.items() if seed == TUNING_SEED}, grid)
     if lr is None:
         return None
     seeds = {seed: v[0] for (r, seed), v in cells.items() if r == lr and seed != TUNING_SEED}
