@@ -84,8 +84,8 @@ def tuning_table():
             continue
         lines += [f"\n{name(cell)} ({RATE[cell[1]]}, seed 1337):\n", '| rule | ' + ' | '.join(f'{r:g}' for r in rates)
                   + ' |', '|---|' + '---|' * len(rates)]
-        for r in RULES:
-            runs = found.get(r, {})
+        for r in [r for r in RULES if r in found]:
+            runs = found[r]
             lines.append(f"| {r} | " + ' | '.join(f"{runs[(lr, two.TUNING_SEED)][0]:.4f}" if (lr, two.TUNING_SEED) in runs
                                                  else '-' for lr in rates) + ' |')
     return '\n'.join(lines)
